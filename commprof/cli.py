@@ -1,0 +1,123 @@
+"""The ``commprof`` command line (``python -m commprof`` is the same)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+from . import __version__
+from .launcher import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _labels(values: List[str]):
+    out = {}
+    for v in values or []:
+        if "=" not in v:
+            raise UsageError(f"--label expects KEY=VALUE, got {v!r}")
+        k, val = v.split("=", 1)
+        out[k.strip()] = val.strip()
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="commprof", description="Where distributed training spends its time.")
+    p.add_argument("--version", action="version", version=f"commprof {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    r = sub.add_parser("record", help="run a command and record every rank",
+                       description="Run CMD unchanged; every Python process it starts that trains "
+                                   "writes a per-rank trace; the shards are merged into DIR/trace.parquet.")
+    r.add_argument("-o", "--output", metavar="DIR", default=None,
+                   help="output folder (default: ./commprof-YYYYmmdd-HHMMSS)")
+    r.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="launch CMD's script through torchrun with N processes")
+    r.add_argument("--flush-interval", type=float, default=0.5, metavar="S",
+                   help="seconds between journal flushes (what a SIGKILL can lose); default 0.5")
+    r.add_argument("--no-nvtx", action="store_true", help="do not emit NVTX ranges")
+    r.add_argument("--disable", action="append", default=[], metavar="INSTRUMENT",
+                   help="leave an instrument out (repeatable)")
+    r.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="add a label to the run metadata (used for grouping in reports)")
+    r.add_argument("--keep-shards", action="store_true", help="keep per-rank shards after merging")
+    r.add_argument("-v", "--verbose", action="store_true")
+    r.add_argument("--fault-inject", action="append", default=[], help=argparse.SUPPRESS)
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+    rep = sub.add_parser("report", help="tables from one or more traces",
+                         description="Breakdown per GPU count and configuration, throughput, collectives.")
+    rep.add_argument("traces", nargs="+", metavar="TRACE",
+                     help="trace.parquet, a record folder, or a folder of shards (several runs allowed)")
+    rep.add_argument("--format", choices=("table", "md", "csv", "json"), default=None,
+                     help="output format (default: table, or from -o's extension)")
+    rep.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
+    rep.add_argument("--out-dir", metavar="DIR", default=None,
+                     help="also write report.md, report.csv and report.json into DIR")
+    rep.add_argument("--batch-size", type=int, default=None,
+                     help="per-rank batch size (default: inferred from the model's input)")
+    rep.add_argument("--warmup", type=int, default=1, metavar="K",
+                     help="leave out the first K steps of every rank (default 1)")
+    rep.add_argument("--group-by", default=None, metavar="KEYS",
+                     help="comma-separated metadata keys that define a configuration "
+                          "(default: framework,loader,model,batch_size + labels)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        if args.command == "record":
+            return cmd_record(args)
+        if args.command == "report":
+            return cmd_report(args)
+        raise UsageError(f"unknown command {args.command}")
+    except UsageError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        return _fail(str(exc) if not getattr(exc, "filename", None) else f"{exc.filename}: {exc.strerror}")
+    except Exception as exc:  # never a traceback for the user
+        from .schema import TraceFormatError
+
+        if isinstance(exc, TraceFormatError):
+            return _fail(str(exc))
+        if os.environ.get("COMMPROF_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (COMMPROF_DEBUG=1 shows the traceback)")
+
+
+def _fail(msg: str) -> int:
+    msg = msg.strip().splitlines()[0] if msg.strip() else "error"
+    sys.stderr.write(f"commprof: error: {msg}\n")
+    return 2
+
+
+def cmd_record(args) -> int:
+    from .launcher import exit_like, record
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    out = args.output or time.strftime("commprof-%Y%m%d-%H%M%S")
+    rc = record(cmd, out, nproc=args.nproc, flush_interval=args.flush_interval,
+                nvtx=not args.no_nvtx, disable=args.disable, labels=_labels(args.label),
+                keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject)
+    return exit_like(rc)
+
+
+def cmd_report(args) -> int:
+    from .report import run_report
+
+    return run_report(args)

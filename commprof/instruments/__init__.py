@@ -1,0 +1,22 @@
+"""Instrument registry: one module per patched API.
+
+Each entry is installed when its trigger module has been imported (a
+post-import hook), so processes that never import torch pay nothing."""
+from __future__ import annotations
+
+from .autograd import AutogradInstrument
+from .collectives import CollectivesInstrument
+from .dataloader import DataLoaderInstrument
+from .ddp import DDPInstrument
+from .module import ModuleInstrument
+from .optim import OptimizerInstrument
+
+#: name -> class, in installation order.
+ALL = {cls.name: cls for cls in (
+    OptimizerInstrument,
+    AutogradInstrument,
+    ModuleInstrument,
+    DataLoaderInstrument,
+    CollectivesInstrument,
+    DDPInstrument,
+)}

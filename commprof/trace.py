@@ -1,0 +1,221 @@
+"""Reading and merging traces.
+
+A *run* on disk is one of:
+- a merged trace file (``trace.parquet``),
+- a record folder (``DIR`` with ``trace.parquet`` or ``shards/``),
+- a folder of shards: finished per-rank ``rank*.parquet`` files and the
+  journals (``*.arrows`` + ``*.meta.json``) of ranks that never finished
+  (killed): those are salvaged up to their last complete batch.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import schema
+from .recorder import read_journal, write_trace
+from .schema import TraceFormatError
+
+TRACE_FILE = "trace.parquet"
+
+
+@dataclass
+class Run:
+    path: str
+    table: pa.Table
+    meta: Dict[str, Any]
+    ranks: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.meta.get("world_size") or 1)
+
+
+# ------------------------------------------------------------------ reading
+def _read_parquet(path: str, columns: Optional[Sequence[str]] = None) -> Tuple[pa.Table, Dict, List]:
+    try:
+        pf = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        if os.path.getsize(path) == 0:
+            raise TraceFormatError(f"{path}: empty file") from exc
+        raise TraceFormatError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from exc
+    version, run, ranks = _meta_of(path, pf.schema_arrow.metadata)
+    try:
+        table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names] if columns else None)
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise TraceFormatError(f"{path}: truncated or corrupt Parquet ({_first_line(exc)})") from exc
+    try:
+        table = schema.conform(table, version)
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None
+    return table, run, ranks
+
+
+def _meta_of(path: str, metadata):
+    try:
+        return schema.decode_meta(metadata)
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def find_shards(folder: str) -> Tuple[List[str], List[str]]:
+    """(finished shard files, orphaned journals) in ``folder``."""
+    shards = sorted(glob.glob(os.path.join(folder, "rank*.parquet")))
+    done = {tuple(os.path.basename(s).split(".")[1:3]) for s in shards}
+    journals = []
+    for j in sorted(glob.glob(os.path.join(folder, "*.arrows"))):
+        host_pid = tuple(os.path.basename(j)[: -len(".arrows")].rsplit(".", 1))
+        if host_pid not in done:
+            journals.append(j)
+    return shards, journals
+
+
+def salvage_journal(path: str) -> Tuple[Optional[pa.Table], Dict[str, Any]]:
+    meta_path = path[: -len(".arrows")] + ".meta.json"
+    meta: Dict[str, Any] = {}
+    try:
+        with open(meta_path) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        meta = {}
+    batches = read_journal(path)
+    if not batches:
+        return None, meta
+    rank = int(meta.get("rank", -1))
+    meta["status"] = "salvaged"
+    meta["events"] = sum(b.num_rows for b in batches)
+    table = pa.Table.from_batches([schema.add_rank(b, rank) for b in batches], schema=schema.TRACE_SCHEMA)
+    return table, meta
+
+
+def iter_shard_tables(folder: str) -> Iterator[Tuple[pa.Table, Dict[str, Any]]]:
+    shards, journals = find_shards(folder)
+    for s in shards:
+        table, _run, ranks = _read_parquet(s)
+        yield table, (ranks[0] if ranks else {})
+    for j in journals:
+        table, meta = salvage_journal(j)
+        if table is not None:
+            yield table, meta
+
+
+def _resolve(path: str) -> Tuple[str, str]:
+    """('file', path) or ('shards', folder)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    if os.path.isfile(path):
+        return "file", path
+    merged = os.path.join(path, TRACE_FILE)
+    if os.path.isfile(merged):
+        return "file", merged
+    for folder in (os.path.join(path, "shards"), path):
+        if os.path.isdir(folder):
+            shards, journals = find_shards(folder)
+            if shards or journals:
+                return "shards", folder
+    raise TraceFormatError(f"{path}: no commprof trace here (no {TRACE_FILE}, no shards)")
+
+
+def load(path: str, columns: Optional[Sequence[str]] = None) -> Run:
+    kind, where = _resolve(path)
+    if kind == "file":
+        table, run, ranks = _read_parquet(where, columns)
+        if not run:
+            run = run_metadata(ranks)
+        return Run(where, table, run, ranks)
+    tables, metas = [], []
+    for table, meta in iter_shard_tables(where):
+        tables.append(table)
+        metas.append(meta)
+    if not tables:
+        raise TraceFormatError(f"{path}: shards hold no events")
+    table = pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
+    if columns:
+        table = table.select([c for c in columns if c in table.column_names])
+    return Run(where, table, run_metadata(metas), metas)
+
+
+# ------------------------------------------------------------------ merging
+def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Run-level metadata derived from the ranks' metadata."""
+    run: Dict[str, Any] = dict(base or {})
+    if not ranks:
+        return run
+    run.setdefault("run_id", ranks[0].get("run_id"))
+    run.setdefault("launcher", ranks[0].get("launcher"))
+    run["world_size"] = max(int(r.get("world_size") or 1) for r in ranks)
+    run["ranks_recorded"] = len(ranks)
+    run["hosts"] = sorted({r.get("host") for r in ranks if r.get("host")})
+    run["salvaged_ranks"] = sorted(r.get("rank") for r in ranks if r.get("status") == "salvaged")
+    for key in ("torch", "cuda", "backend", "framework", "loader", "horovod", "deepspeed", "dali"):
+        values = [r.get(key) for r in ranks if r.get(key) is not None]
+        if values:
+            counts = Counter(json.dumps(v, sort_keys=True) for v in values)
+            run.setdefault(key, json.loads(counts.most_common(1)[0][0]))
+    models: Dict[str, int] = {}
+    for r in ranks:
+        for name, n in (r.get("models") or {}).items():
+            models[name] = max(models.get(name, 0), int(n))
+    if models:
+        run.setdefault("model", max(models.items(), key=lambda kv: kv[1])[0])
+        run.setdefault("model_params", max(models.values()))
+    labels: Dict[str, str] = {}
+    for r in ranks:
+        labels.update(r.get("labels") or {})
+    if labels:
+        run["labels"] = {**labels, **(run.get("labels") or {})}
+    run["schema_version"] = schema.SCHEMA_VERSION
+    return run
+
+
+def merge(folder: str, out_path: str, base_meta: Dict[str, Any]) -> Dict[str, Any]:
+    """Merge every shard (and salvaged journal) of ``folder`` into one
+    Parquet file, one shard in memory at a time. Returns the run metadata."""
+    metas: List[Dict[str, Any]] = []
+    tmp = out_path + ".tmp"
+    writer = None
+    batch_sizes: List[int] = []
+    try:
+        for table, meta in iter_shard_tables(folder):
+            metas.append(meta)
+            steps = table.filter(pc.equal(table.column("category"), "step")).column("items")
+            vals = [v for v in steps.to_pylist() if v]
+            if vals:
+                batch_sizes.append(int(statistics.median(vals)))
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, schema.TRACE_SCHEMA, compression="zstd",
+                                          use_dictionary=True, write_statistics=True)
+            writer.write_table(table.cast(schema.TRACE_SCHEMA), row_group_size=1 << 20)
+        if writer is None:
+            raise TraceFormatError(f"{folder}: no rank recorded any event")
+        run = run_metadata(metas, base_meta)
+        if batch_sizes and "batch_size" not in run:
+            run["batch_size"] = Counter(batch_sizes).most_common(1)[0][0]
+        writer.add_key_value_metadata({k.decode(): v.decode() for k, v in schema.encode_meta(run, metas).items()})
+        writer.close()
+        writer = None
+        os.replace(tmp, out_path)
+        return run
+    finally:
+        if writer is not None:
+            writer.close()
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+__all__ = ["Run", "load", "merge", "write_trace", "find_shards", "TRACE_FILE"]
