@@ -176,6 +176,11 @@ class Recorder:
         info = _ranks.detect()
         if self.rank_info is None or info.final or not self.rank_info.final:
             self.rank_info = info
+        if info.final and "backend" not in self.run_info:
+            try:
+                self.run_info["backend"] = str(sys.modules["torch.distributed"].get_backend())
+            except Exception:
+                pass
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.config.flush_interval):

@@ -172,7 +172,9 @@ def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = N
         for name, n in (r.get("models") or {}).items():
             models[name] = max(models.get(name, 0), int(n))
     if models:
-        run.setdefault("model", max(models.items(), key=lambda kv: kv[1])[0])
+        top = max(models.items(), key=lambda kv: kv[1])[0]
+        # "DistributedDataParallel(ResNet)" -> "ResNet"
+        run.setdefault("model", top[top.index("(") + 1:-1] if top.endswith(")") and "(" in top else top)
         run.setdefault("model_params", max(models.values()))
     labels: Dict[str, str] = {}
     for r in ranks:

@@ -26,6 +26,9 @@ class DataLoaderInstrument(Instrument):
                 return original(it)
             try:
                 inst.check_fault()
+                if "loader" not in rec.run_info:
+                    rec.run_info["loader"] = "native"
+                    rec.run_info["loader_workers"] = getattr(it, "_num_workers", None)
                 rec.nvtx.push("data")
                 t0 = now()
             except Exception as exc:

@@ -45,6 +45,7 @@ class DDPInstrument(Instrument):
             if inst.active:
                 try:
                     inst.check_fault()
+                    inst.rec.run_info.setdefault("framework", "ddp")
                     holder = {}
 
                     def first_forward(module, args):

@@ -1,0 +1,68 @@
+"""Renderers: a :class:`Report` (named tables + notes) to text. They format;
+they never compute. Chosen by name or by output-file extension."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import pandas as pd
+
+#: (column, header, format) — format is a str.format spec or "" for str()
+ColumnSpec = Tuple[str, str, str]
+
+
+@dataclass
+class Table:
+    title: str
+    frame: pd.DataFrame
+    columns: List[ColumnSpec]
+
+
+@dataclass
+class Report:
+    title: str
+    tables: Dict[str, Table]
+    notes: List[str] = field(default_factory=list)
+    runs: List[dict] = field(default_factory=list)
+
+
+def fmt(value, spec: str) -> str:
+    if value is None:
+        return "-"
+    try:
+        if pd.isna(value):
+            return "-"
+    except (TypeError, ValueError):
+        pass
+    if spec:
+        try:
+            return format(value, spec)
+        except (TypeError, ValueError):
+            return str(value)
+    return str(value)
+
+
+def cells(table: Table) -> List[List[str]]:
+    out = []
+    for _, row in table.frame.iterrows():
+        out.append([fmt(row.get(col), spec) for col, _, spec in table.columns])
+    return out
+
+
+def get(name: str):
+    from .csvrenderer import CsvRenderer
+    from .jsonrenderer import JsonRenderer
+    from .markdown import MarkdownRenderer
+    from .terminal import TerminalRenderer
+
+    renderers = {"table": TerminalRenderer, "md": MarkdownRenderer, "csv": CsvRenderer,
+                 "json": JsonRenderer}
+    if name not in renderers:
+        raise ValueError(f"unknown format {name!r}; choose from {', '.join(renderers)}")
+    return renderers[name]()
+
+
+def format_for_path(path: str) -> Optional[str]:
+    ext = os.path.splitext(path)[1].lower()
+    return {".md": "md", ".csv": "csv", ".json": "json", ".txt": "table"}.get(ext)

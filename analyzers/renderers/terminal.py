@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from . import Report, cells
+
+
+class TerminalRenderer:
+    """Aligned plain-text tables for a terminal."""
+
+    def render(self, report: Report) -> str:
+        lines = [report.title, "=" * len(report.title), ""]
+        for table in report.tables.values():
+            headers = [h for _, h, _ in table.columns]
+            body = cells(table)
+            widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+            lines.append(table.title)
+            lines.append("  ".join(h.rjust(w) if i else h.ljust(w)
+                                   for i, (h, w) in enumerate(zip(headers, widths))))
+            lines.append("  ".join("-" * w for w in widths))
+            for r in body:
+                lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
+                                       for i, (c, w) in enumerate(zip(r, widths))))
+            if not body:
+                lines.append("(none)")
+            lines.append("")
+        for note in report.notes:
+            lines.append(note)
+        return "\n".join(lines).rstrip() + "\n"

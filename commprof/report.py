@@ -1,0 +1,117 @@
+"""``commprof report``: load runs, run the analyzers, render."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional, Sequence
+
+from .schema import TraceFormatError
+from .trace import load
+
+REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end",
+                  "bytes", "dtype", "group", "group_size", "seq", "blocking", "items", "value"]
+
+BREAKDOWN_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("runs", "runs", "d"),
+    ("steps", "steps", "d"),
+    ("comm_pct", "comm %", ".1f"), ("data_pct", "data %", ".1f"),
+    ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
+    ("comm_busy_pct", "comm busy %", ".1f"),
+    ("step_ms_median", "step ms p50", ".2f"), ("step_ms_p95", "step ms p95", ".2f"),
+    ("steps_per_s", "steps/s", ".3f"), ("samples_per_s", "samples/s", ".1f"),
+    ("batch_per_rank", "batch/rank", ".0f"),
+]
+COLLECTIVE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("op", "collective", ""),
+    ("source", "issued by", ""), ("calls", "calls", "d"), ("calls_per_step", "calls/step", ".1f"),
+    ("bytes_per_call", "bytes/call", ",.0f"), ("lat_ms_mean", "lat ms mean", ".3f"),
+    ("lat_ms_p50", "lat ms p50", ".3f"), ("lat_ms_p95", "lat ms p95", ".3f"),
+    ("algbw_GBps", "algbw GB/s", ".3f"), ("busbw_GBps", "busbw GB/s", ".3f"),
+]
+
+NOTES = [
+    "Shares are of step time (end of one optimizer step to the end of the next), time-weighted "
+    "over measured steps and ranks; exposed shares add up to 100 %: data > blocking comm > compute "
+    "> comm in flight > other. 'comm busy %' is the union of all collectives' issue-to-completion "
+    "time (hidden communication included).",
+    "algbw = S / latency, busbw = algbw x nccl-tests factor (all_reduce 2(n-1)/n; reduce_scatter, "
+    "all_gather (n-1)/n with S the full array; broadcast 1); medians over calls, GB = 1e9 bytes.",
+]
+
+
+def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = None,
+            group_by: Optional[Sequence[str]] = None):
+    """Load every path and return (Report, list of RunAnalysis)."""
+    from analyzers import scaling
+    from analyzers.renderers import Report, Table
+
+    runs = []
+    for path in paths:
+        run = load(path, REPORT_COLUMNS)
+        events = run.table.to_pandas()
+        if not (events["category"].astype(str) == "step").any():
+            raise TraceFormatError(f"{path}: the trace has no complete training step "
+                                   "(no optimizer step was recorded)")
+        analysis = scaling.analyze_run(events, run.meta, warmup=warmup, batch_size=batch_size,
+                                       group_by=group_by)
+        analysis.meta["path"] = path
+        runs.append(analysis)
+    table = scaling.breakdown_table(runs)
+    colls = scaling.collectives_table(runs)
+    notes = list(NOTES)
+    notes.insert(0, f"Warm-up: the first {warmup} step(s) of every rank are left out.")
+    salvaged = [(r.meta.get("path"), r.meta.get("salvaged_ranks")) for r in runs if r.meta.get("salvaged_ranks")]
+    for path, ranks in salvaged:
+        notes.append(f"{path}: rank(s) {ranks} were killed; their events up to the last flush are included.")
+    report = Report(
+        title="commprof report",
+        tables={
+            "breakdown": Table("Breakdown per GPU count (exposed shares of step time)", table, BREAKDOWN_COLUMNS),
+            "collectives": Table("Collectives", colls, COLLECTIVE_COLUMNS),
+        },
+        notes=notes,
+        runs=[r.meta for r in runs],
+    )
+    return report, runs
+
+
+def run_report(args) -> int:
+    from analyzers import renderers
+
+    group_by = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else None
+    if args.warmup < 0:
+        raise TraceFormatError("--warmup must be >= 0")
+    report, _ = analyze(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by)
+    fmt = args.format or (renderers.format_for_path(args.output) if args.output else None) or "table"
+    text = renderers.get(fmt).render(report)
+    if args.output:
+        _write(args.output, text)
+    else:
+        sys.stdout.write(text)
+    if args.out_dir:
+        write_files(report, args.out_dir)
+    return 0
+
+
+def write_files(report, out_dir: str) -> List[str]:
+    from analyzers import renderers
+
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for fmt, name in (("md", "report.md"), ("json", "report.json"), ("table", "report.txt")):
+        path = os.path.join(out_dir, name)
+        _write(path, renderers.get(fmt).render(report))
+        written.append(path)
+    for name, text in renderers.get("csv").tables(report).items():
+        path = os.path.join(out_dir, f"{name}.csv")
+        _write(path, text)
+        written.append(path)
+    sys.stderr.write(f"commprof: wrote {', '.join(written)}\n")
+    return written
+
+
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
