@@ -50,7 +50,7 @@ def _read_parquet(path: str, columns: Optional[Sequence[str]] = None) -> Tuple[p
         if os.path.getsize(path) == 0:
             raise TraceFormatError(f"{path}: empty file") from exc
         raise TraceFormatError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from exc
-    version, run, ranks = _meta_of(path, pf.schema_arrow.metadata)
+    version, run, ranks = _meta_of(path, pf.metadata.metadata)
     try:
         table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names] if columns else None)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
@@ -162,7 +162,8 @@ def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = N
     run["ranks_recorded"] = len(ranks)
     run["hosts"] = sorted({r.get("host") for r in ranks if r.get("host")})
     run["salvaged_ranks"] = sorted(r.get("rank") for r in ranks if r.get("status") == "salvaged")
-    for key in ("torch", "cuda", "backend", "framework", "loader", "horovod", "deepspeed", "dali"):
+    for key in ("torch", "cuda", "backend", "framework", "loader", "loader_workers", "model",
+                "batch_size", "image_size", "horovod", "deepspeed", "dali"):
         values = [r.get(key) for r in ranks if r.get(key) is not None]
         if values:
             counts = Counter(json.dumps(v, sort_keys=True) for v in values)

@@ -95,7 +95,9 @@ def train(rank, world, args):
         step_times.append(t2 - t_prev)
         t_prev = t2
         if args.kill_at is not None and rank == args.kill_rank and step == args.kill_at:
-            print(json.dumps({"rank": rank, "about_to_die": step, "t": time.monotonic_ns()}), flush=True)
+            if args.result_dir:
+                with open(os.path.join(args.result_dir, f"killed{rank}.json"), "w") as fh:
+                    json.dump({"rank": rank, "step": step, "t": time.monotonic_ns()}, fh)
             os.kill(os.getpid(), 9)
         if args.step_sleep:
             time.sleep(args.step_sleep)
@@ -106,7 +108,11 @@ def train(rank, world, args):
     report = {"rank": rank, "world": world, "losses": losses, "data_wait_ns": data_wait,
               "step_ns": step_times, "batch": args.batch,
               "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
-    print("RESULT " + json.dumps(report), flush=True)
+    if args.result_dir:
+        with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as fh:
+            json.dump(report, fh)
+    else:
+        print("RESULT " + json.dumps(report), flush=True)
     if distributed:
         dist.destroy_process_group()
 
@@ -134,6 +140,7 @@ def main():
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--kill-at", type=int, default=None)
     p.add_argument("--kill-rank", type=int, default=1)
+    p.add_argument("--result-dir", default=None, help="write rank<N>.json here instead of stdout")
     args = p.parse_args()
     if args.spawn:
         import socket

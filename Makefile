@@ -1,0 +1,37 @@
+# commprof developer targets. Everything installs itself into .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.commprof-installed
+DEMO_DIR ?= commprof-demo
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): $(PY) setup.cfg pyproject.toml requirements-test.txt
+	$(PIP) install -q -r requirements-test.txt
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Record the default workload (ResNet-18, DDP, 2 CPU ranks, gloo), print the
+# report and write report files into $(DEMO_DIR)/report/.
+demo: $(STAMP)
+	rm -rf $(DEMO_DIR)
+	$(VENV)/bin/commprof record -o $(DEMO_DIR) --nproc 2 -- $(PY) workloads/resnet.py
+	$(VENV)/bin/commprof report $(DEMO_DIR) --out-dir $(DEMO_DIR)/report
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(DEMO_DIR) .pytest_cache build *.egg-info

@@ -1,0 +1,107 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "workloads", "tiny.py")
+sys.path.insert(0, ROOT)
+
+
+def _patch_points():
+    """Every attribute / registry commprof may touch, with its current value."""
+    points = {
+        "os._exit": os._exit,
+        "sigterm": signal.getsignal(signal.SIGTERM),
+        "meta_path": tuple(sys.meta_path),
+    }
+    if "torch" in sys.modules:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+        from torch.nn.modules import module as m
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.optim import optimizer as o
+        from torch.utils.data import dataloader
+
+        from commprof.instruments.collectives import SPECS
+
+        points["autograd.backward"] = torch.autograd.backward
+        points["iter.__next__"] = dataloader._BaseDataLoaderIter.__dict__.get("__next__")
+        for name in ("__init__", "register_comm_hook", "_register_builtin_comm_hook"):
+            points[f"DDP.{name}"] = DDP.__dict__.get(name)
+        for fname in SPECS:
+            points[f"dist.{fname}"] = getattr(dist, fname, None)
+            points[f"c10d.{fname}"] = getattr(c10d, fname, None)
+        points["optim_pre"] = tuple(o._global_optimizer_pre_hooks)
+        points["optim_post"] = tuple(o._global_optimizer_post_hooks)
+        points["fwd_pre"] = tuple(m._global_forward_pre_hooks)
+        points["fwd"] = tuple(m._global_forward_hooks)
+    return points
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Every test must leave torch, os and the import system as it found them."""
+    import torch  # noqa: F401  (so torch's patch points are always compared)
+
+    before = _patch_points()
+    yield
+    from commprof import session
+
+    assert session.current() is None, "a test left a recording session running"
+    after = _patch_points()
+    leaked = {k for k in before if before[k] is not after.get(k) and before[k] != after.get(k)}
+    assert not leaked, f"patches leaked: {sorted(leaked)}"
+
+
+def venv_env(extra=None):
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.pop("COMMPROF_OUT_DIR", None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def commprof_cmd(*args):
+    return [sys.executable, "-m", "commprof", *args]
+
+
+def run(cmd, timeout=240, env=None, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=env or venv_env(), cwd=ROOT, **kw)
+
+
+def results(folder):
+    """The tiny workload's per-rank results (``--result-dir``), by rank."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(folder, name)) as fh:
+                r = json.load(fh)
+            out[r["rank"]] = r
+    return out
+
+
+@pytest.fixture
+def record(tmp_path):
+    """record(args..., cmd=[...]) -> (CompletedProcess, out_dir)."""
+    counter = {"n": 0}
+
+    def _record(cmd, *options, out=None, timeout=240, env=None):
+        counter["n"] += 1
+        out = out or str(tmp_path / f"rec{counter['n']}")
+        res = tmp_path / f"res{counter['n']}"
+        res.mkdir()
+        cmd = [str(res) if c == "{res}" else c for c in cmd]
+        proc = run(commprof_cmd("record", "-o", out, *options, "--", *cmd), timeout=timeout, env=env)
+        proc.results = results(str(res))
+        return proc, out
+
+    return _record
