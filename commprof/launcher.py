@@ -275,7 +275,12 @@ def exit_like(returncode: int) -> int:
     """Exit status for commprof itself: the child's code, or die of its signal."""
     if returncode < 0:
         sig = -returncode
-        signal.signal(sig, signal.SIG_DFL)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL / SIGSTOP cannot be caught anyway
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
         os.kill(os.getpid(), sig)
         return 128 + sig
     return returncode

@@ -142,13 +142,17 @@ class Recorder:
             self._refresh_rank()
 
     def _items_this_step(self) -> Optional[int]:
+        """Samples this rank processed in the step: what the data loader
+        delivered if it was used (sums micro-batches of gradient
+        accumulation, ignores repeated forwards of one batch), else the
+        leading dimension of the inputs of the largest root module."""
+        if self.step_data_items:
+            return self.step_data_items
         best, best_params = None, 0
         for detail, n in self.step_items.items():
             p = self.models.get(detail, 0)
             if p > best_params:
                 best, best_params = n, p
-        if best is None and self.step_data_items:
-            return self.step_data_items
         return best
 
     # ------------------------------------------------------------- lifecycle

@@ -102,6 +102,7 @@ def record(tmp_path):
         cmd = [str(res) if c == "{res}" else c for c in cmd]
         proc = run(commprof_cmd("record", "-o", out, *options, "--", *cmd), timeout=timeout, env=env)
         proc.results = results(str(res))
+        proc.res_dir = str(res)
         return proc, out
 
     return _record

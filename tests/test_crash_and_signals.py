@@ -1,0 +1,134 @@
+"""Crash safety, signals, exit codes and leftover processes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from commprof import trace
+from conftest import ROOT, TINY, commprof_cmd, run, venv_env
+
+PY = sys.executable
+
+
+def test_sigkilled_rank_is_salvaged_and_others_complete(record, tmp_path):
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                        "--steps", "40", "--step-sleep", "0.15", "--kill-at", "12", "--kill-rank", "1"],
+                       "--flush-interval", "0.5")
+    assert proc.returncode != 0  # torchrun reports the failed worker; commprof passes it on
+    res_dir = proc.res_dir
+    with open(os.path.join(res_dir, "killed1.json")) as fh:
+        killed = json.load(fh)
+    run_ = trace.load(out)
+    ev = run_.table.to_pandas()
+    metas = {m["rank"]: m for m in run_.ranks}
+    assert metas[1]["status"] == "salvaged"
+    assert metas[0]["status"] == "complete"
+    assert run_.meta["salvaged_ranks"] == [1]
+    dead = ev[ev["rank"] == 1]
+    # everything older than ~1 s before the SIGKILL survived
+    assert dead["t_end"].max() >= killed["t"] - 1_000_000_000
+    assert (dead[dead["category"] == "step"]["step"].max()) >= killed["step"] - 7
+    alive = ev[ev["rank"] == 0]
+    assert alive[alive["category"] == "step"]["step"].max() >= killed["step"] - 1
+    # the report still works on it, and says so
+    rep = run(commprof_cmd("report", out))
+    assert rep.returncode == 0, rep.stderr
+    assert "killed" in rep.stdout
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_reaches_job_and_exit_status_matches(tmp_path, sig):
+    out = str(tmp_path / "rec")
+    res = tmp_path / "res"
+    res.mkdir()
+    p = subprocess.Popen(commprof_cmd("record", "-o", out, "--", PY, TINY, "--steps", "400",
+                                      "--step-sleep", "0.05", "--result-dir", str(res)),
+                         env=venv_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    shard_dir = os.path.join(out, "shards")
+    deadline = time.time() + 60
+    journal = None
+    while time.time() < deadline and journal is None:
+        if os.path.isdir(shard_dir):
+            js = [f for f in os.listdir(shard_dir) if f.endswith(".meta.json")]
+            journal = js[0] if js else None
+        time.sleep(0.1)
+    assert journal, "the job never started recording"
+    child_pid = int(journal.split(".")[-3])
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == -sig, (p.returncode, stderr)
+    assert not _pid_alive(child_pid)
+    # the rank finalised its shard on the way out (SIGTERM handler / KeyboardInterrupt + atexit)
+    r = trace.load(out)
+    assert r.ranks[0]["status"] == "complete"
+    assert (r.table.to_pandas()["category"] == "step").sum() >= 1
+
+
+def test_exit_code_passthrough_without_torch(record):
+    proc, out = record([PY, "-c", "import sys; sys.exit(7)"])
+    assert proc.returncode == 7
+    assert "no process recorded any event" in proc.stderr
+
+
+def test_child_killed_by_signal_kills_commprof_alike(record):
+    proc, out = record([PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_command_not_found(record):
+    proc, out = record(["no-such-command-xyz"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["commprof: error: command not found: no-such-command-xyz"]
+
+
+def test_unwritable_output_fails_before_the_job(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    marker = tmp_path / "ran"
+    proc = run(commprof_cmd("record", "-o", str(blocker / "sub"), "--", PY, "-c",
+                            f"open({str(marker)!r}, 'w').write('1')"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "not writable" in proc.stderr
+    assert not marker.exists()
+
+
+def test_existing_recording_is_not_overwritten(record):
+    proc, out = record([PY, TINY, "--steps", "2"])
+    assert proc.returncode == 0
+    before = os.path.getmtime(os.path.join(out, "trace.parquet"))
+    proc2, _ = record([PY, TINY, "--steps", "2"], out=out)
+    assert proc2.returncode == 2
+    assert "already holds a recording" in proc2.stderr
+    assert os.path.getmtime(os.path.join(out, "trace.parquet")) == before
+
+
+def test_no_command(tmp_path):
+    proc = run(commprof_cmd("record", "-o", str(tmp_path / "x")))
+    assert proc.returncode == 2
+    assert "no command to record" in proc.stderr
+
+
+def test_python_dash_m_commprof_equals_console_script(tmp_path):
+    exe = os.path.join(os.path.dirname(sys.executable), "commprof")
+    a = run([exe, "--version"])
+    b = run(commprof_cmd("--version"))
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout and a.stdout.startswith("commprof ")

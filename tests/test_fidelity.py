@@ -1,0 +1,105 @@
+"""Recording must tell the truth and change nothing."""
+import sys
+
+import numpy as np
+
+from commprof.report import analyze
+from conftest import TINY
+
+PY = sys.executable
+
+
+def test_data_share_within_one_point(record):
+    # 25 ms of data loading per step in the main process, plus real compute.
+    steps, warmup = 14, 2
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                        "--steps", str(steps), "--sleep", "0.025", "--hidden", "512",
+                        "--layers", "3", "--batch", "64", "--compute-repeat", "4"])
+    assert proc.returncode == 0, proc.stderr
+    res = proc.results
+    data = sum(sum(r["data_wait_ns"][warmup:]) for r in res.values())
+    total = sum(sum(r["step_ns"][warmup:]) for r in res.values())
+    truth = 100.0 * data / total
+    report, _ = analyze([out], warmup=warmup)
+    row = report.tables["breakdown"].frame.iloc[0]
+    assert abs(row["data_pct"] - truth) <= 1.0, (row["data_pct"], truth)
+    parts = row[["comm_pct", "data_pct", "compute_pct", "other_pct"]].sum()
+    assert abs(parts - 100.0) < 1e-6
+    # throughput agrees with the script's own clock (its step times, same steps)
+    script_rate = sum(len(r["step_ns"][warmup:]) * r["batch"] / (sum(r["step_ns"][warmup:]) / 1e9)
+                      for r in res.values())
+    assert abs(row["samples_per_s"] - script_rate) / script_rate < 0.02, (row["samples_per_s"], script_rate)
+    assert row["batch_per_rank"] == 64
+
+
+def _plain(cmd, tmp_path, name):
+    import subprocess
+
+    from conftest import ROOT, results, venv_env
+
+    res = tmp_path / name
+    res.mkdir()
+    cmd = [str(res) if c == "{res}" else c for c in cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=venv_env(), cwd=ROOT)
+    return proc, results(str(res))
+
+
+def test_losses_bit_identical_and_exit_code_preserved(record, tmp_path):
+    cmd = ["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+           "--steps", "6", "--exit-code", "3"]
+    plain, plain_res = _plain(cmd, tmp_path, "plain")
+    proc, out = record(cmd)
+    assert plain.returncode != 0
+    assert proc.returncode == plain.returncode
+    for r in (0, 1):
+        assert proc.results[r]["losses"] == plain_res[r]["losses"]  # bit-identical floats
+
+
+def test_failing_instruments_disable_themselves(record, tmp_path):
+    from commprof.instruments import ALL
+
+    cmd = ["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}", "--steps", "5"]
+    plain, plain_res = _plain(cmd, tmp_path, "plain")
+    faults = []
+    for name in ALL:
+        faults += ["--fault-inject", name]
+    proc, out = record(cmd, *faults)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    for r in (0, 1):
+        assert proc.results[r]["losses"] == plain_res[r]["losses"]
+    for name in ALL:
+        lines = [ln for ln in proc.stderr.splitlines() if f"instrument {name!r} disabled" in ln]
+        # logged once per process (2 ranks), never a traceback
+        assert len(lines) == 2, (name, proc.stderr)
+    assert "Traceback" not in proc.stderr
+
+
+def test_single_failing_instrument_keeps_the_others(record):
+    proc, out = record([PY, TINY, "--steps", "4"], "--fault-inject", "dataloader")
+    assert proc.returncode == 0
+    from commprof import trace
+
+    ev = trace.load(out).table.to_pandas()
+    assert not (ev["category"] == "data").any()
+    assert (ev["name"] == "forward").sum() >= 4
+    assert (ev["category"] == "step").sum() == 4
+
+
+def test_overlap_split_of_backward(record):
+    """DDP's backward is split into compute and the exposed wait for the last
+    buckets: the wait starts at the last bucket's issue and the buckets
+    complete inside it."""
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                        "--steps", "4", "--hidden", "256"])
+    assert proc.returncode == 0, proc.stderr
+    from commprof import trace
+
+    ev = trace.load(out).table.to_pandas()
+    for (rank, step), g in ev[ev["step"] < 4].groupby(["rank", "step"]):
+        wait = g[g["category"] == "wait"]
+        bw = g[g["name"] == "backward"]
+        buckets = g[g["source"] == "ddp_reducer"]
+        assert len(wait) == 1 and len(bw) == 1
+        assert bw["t_end"].iloc[0] == wait["t_start"].iloc[0] == buckets["t_start"].max()
+        assert buckets["t_end"].max() <= wait["t_end"].iloc[0]
+        assert np.all(buckets["t_start"] >= bw["t_start"].iloc[0])
