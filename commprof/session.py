@@ -18,6 +18,21 @@ from .log import warn
 from .recorder import Recorder
 
 _current: Optional["Session"] = None
+_fork_handler_registered = False
+
+
+def _after_fork_in_child() -> None:
+    if _current is not None:
+        _current.recorder.after_fork_in_child()
+
+
+def _register_fork_handler() -> None:
+    # os.register_at_fork cannot be undone: register one module-level
+    # handler per process that follows whatever session is current.
+    global _fork_handler_registered
+    if not _fork_handler_registered:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_handler_registered = True
 
 
 class Session:
@@ -60,7 +75,7 @@ class Session:
     # -- exit paths ------------------------------------------------------------
     def hook_exits(self) -> None:
         atexit.register(self.recorder.close)
-        os.register_at_fork(after_in_child=self._after_fork)
+        _register_fork_handler()
         self._orig_exit = os._exit
         rec = self.recorder
         orig = self._orig_exit
@@ -77,9 +92,6 @@ class Session:
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
             self._sigterm_installed = True
-
-    def _after_fork(self) -> None:
-        self.recorder.after_fork_in_child()
 
     def _on_sigterm(self, signum, frame):
         # Finalise, then die of SIGTERM exactly as without commprof.

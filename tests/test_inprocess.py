@@ -1,0 +1,113 @@
+"""Instruments installed and removed in this very process."""
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from commprof import session, trace
+from commprof.config import Config
+from commprof.instruments import ALL
+
+
+def _train(model, steps=3, batch=4):
+    ds = TensorDataset(torch.randn(batch * steps, 8), torch.randint(0, 2, (batch * steps,)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(ds, batch_size=batch):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(loss)
+
+
+@pytest.fixture
+def recording(tmp_path):
+    cfg = Config(out_dir=str(tmp_path / "out"), run_id="t", flush_interval=0.05)
+    s = session.start(cfg)
+    try:
+        yield s
+    finally:
+        session.stop()
+
+
+def test_install_and_uninstall_every_instrument(recording):
+    assert set(recording.instruments) == set(ALL)
+    assert all(i.installed and i.active for i in recording.instruments.values())
+    assert torch.autograd.backward.__commprof__ == "autograd"
+    session.stop()
+    assert session.current() is None
+    assert not hasattr(torch.autograd.backward, "__commprof__")
+
+
+def test_single_process_events(recording, tmp_path):
+    _train(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    session.stop()
+    run = trace.load(str(tmp_path / "out" / "shards"))
+    ev = run.table.to_pandas()
+    assert (ev["category"] == "step").sum() == 3
+    fw = ev[(ev["name"] == "forward") & (ev["detail"] == "Sequential")]
+    assert len(fw) == 3 and (fw["items"] == 4).all()
+    assert run.ranks[0]["models"] == {"Sequential": 8 * 16 + 16 + 16 * 2 + 2}
+    assert (ev[ev["category"] == "step"]["items"] == 4).all()
+
+
+def test_ddp_world_of_one_in_process(recording, tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = nn.parallel.DistributedDataParallel(nn.Linear(8, 2))
+        _train(model)
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        out = torch.empty(6)
+        dist.all_gather_into_tensor(out[:3], t)  # deprecated alias of all_gather_single: one record
+        dist.all_gather_single(out[3:], t)
+        dist.broadcast(t, src=0)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    session.stop()
+    ev = trace.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    comm = ev[ev["category"] == "comm"]
+    ddp = comm[comm["source"] == "ddp_reducer"]
+    assert len(ddp) == 3 and (ddp["bytes"] == (8 * 2 + 2) * 4).all()
+    py = comm[comm["source"] == "torch.distributed"].sort_values("seq")
+    assert list(py["name"]) == ["all_reduce", "all_reduce", "all_gather", "all_gather", "broadcast",
+                                   "barrier"]
+    assert list(py["blocking"]) == [True, False, True, True, True, True]
+    assert list(py["bytes"]) == [12, 12, 12, 12, 12, 0]
+    assert list(py["detail"]) == ["all_reduce", "all_reduce", "all_gather_into_tensor", "all_gather_single",
+                                  "broadcast", "barrier"]
+    # seq continues the group's counter after the three DDP buckets
+    assert list(py["seq"]) == [3, 4, 5, 6, 7, 8]
+
+
+def test_fork_child_does_not_write(recording, tmp_path):
+    _train(nn.Linear(8, 2), steps=1)
+    pid = os.fork()
+    if pid == 0:  # child: records nothing unless it trains; exits through os._exit
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    session.stop()
+    shards, journals = trace.find_shards(str(tmp_path / "out" / "shards"))
+    assert len(shards) == 1 and not journals
+
+
+def test_metric_api_records_only_when_recording(recording, tmp_path):
+    import commprof
+
+    _train(nn.Linear(8, 2), steps=1)
+    commprof.metric("loss", 0.5)
+    commprof.set_run_info(model="x")
+    session.stop()
+    commprof.metric("ignored", 1.0)  # no session: a no-op
+    ev = trace.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    m = ev[ev["category"] == "metric"]
+    assert list(m["name"]) == ["loss"] and list(m["value"]) == [0.5]

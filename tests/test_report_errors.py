@@ -1,0 +1,141 @@
+"""Bad input to `commprof report`: one line on stderr, exit code 2."""
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from commprof import schema
+from commprof.cli import main
+from commprof.recorder import write_trace
+
+
+def _events(n_steps=3, rank=0):
+    rows = []
+    t = 1_000
+    for s in range(n_steps):
+        rows.append((s, "data", "dataloader", "DataLoader", None, t, t + 100, None, None, None, None,
+                     None, None, None, None, 8, None))
+        rows.append((s, "compute", "forward", "nn.Module", "M", t + 100, t + 400, None, None, None, None,
+                     None, None, None, None, 8, None))
+        rows.append((s, "step", "step", "torch.optim", None, t, t + 1000, None, None, None, None,
+                     None, None, None, None, 8, None))
+        t += 1000
+    return schema.add_rank(schema.rows_to_batch(rows), rank)
+
+
+def good_trace(path, n_steps=3):
+    table = pa.Table.from_batches([_events(n_steps)])
+    write_trace(table, str(path), {"world_size": 1}, [{"rank": 0, "world_size": 1}])
+    return str(path)
+
+
+def _one_line_error(capsys, argv, needle):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("commprof: error: ")
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+def test_good_trace_reports(tmp_path, capsys):
+    path = good_trace(tmp_path / "t.parquet")
+    assert main(["report", path, "--warmup", "0", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    row = doc["tables"]["breakdown"][0]
+    assert row["data_pct"] == pytest.approx(10.0)
+    assert row["compute_pct"] == pytest.approx(30.0)
+    assert row["other_pct"] == pytest.approx(60.0)
+
+
+def test_missing_file(tmp_path, capsys):
+    _one_line_error(capsys, ["report", str(tmp_path / "nope.parquet")], "no such file")
+
+
+def test_empty_file(tmp_path, capsys):
+    p = tmp_path / "empty.parquet"
+    p.write_bytes(b"")
+    _one_line_error(capsys, ["report", str(p)], "empty file")
+
+
+def test_truncated_parquet(tmp_path, capsys):
+    path = good_trace(tmp_path / "t.parquet")
+    data = open(path, "rb").read()
+    p = tmp_path / "trunc.parquet"
+    p.write_bytes(data[: len(data) // 2])
+    _one_line_error(capsys, ["report", str(p)], "not a readable Parquet file")
+
+
+def test_not_parquet(tmp_path, capsys):
+    p = tmp_path / "notes.parquet"
+    p.write_text("hello, this is text\n" * 10)
+    _one_line_error(capsys, ["report", str(p)], "not a readable Parquet file")
+
+
+def test_parquet_without_commprof_metadata(tmp_path, capsys):
+    p = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), p)
+    _one_line_error(capsys, ["report", str(p)], "not a commprof trace")
+
+
+def test_wrong_schema_version(tmp_path, capsys):
+    path = good_trace(tmp_path / "t.parquet")
+    t = pq.read_table(path)
+    meta = dict(t.schema.metadata)
+    meta[schema.META_VERSION] = str(schema.SCHEMA_VERSION + 1).encode()
+    p = tmp_path / "future.parquet"
+    pq.write_table(t.replace_schema_metadata(meta), p)
+    _one_line_error(capsys, ["report", str(p)], "newer than this commprof reads")
+
+
+def test_missing_columns(tmp_path, capsys):
+    path = good_trace(tmp_path / "t.parquet")
+    t = pq.read_table(path)
+    meta = t.schema.metadata
+    p = tmp_path / "cols.parquet"
+    pq.write_table(t.drop_columns(["t_end"]).replace_schema_metadata(meta), p)
+    _one_line_error(capsys, ["report", str(p)], "missing required column(s): t_end")
+
+
+def test_zero_steps(tmp_path, capsys):
+    rows = [(0, "compute", "forward", "nn.Module", "M", 1, 5, None, None, None, None, None, None, None,
+             None, 8, None)]
+    table = pa.Table.from_batches([schema.add_rank(schema.rows_to_batch(rows), 0)])
+    p = tmp_path / "nosteps.parquet"
+    write_trace(table, str(p), {}, [{"rank": 0}])
+    _one_line_error(capsys, ["report", str(p)], "no complete training step")
+
+
+def test_folder_without_trace(tmp_path, capsys):
+    _one_line_error(capsys, ["report", str(tmp_path)], "no commprof trace here")
+
+
+def test_bad_option(tmp_path, capsys):
+    path = good_trace(tmp_path / "t.parquet")
+    _one_line_error(capsys, ["report", path, "--format", "xml"], "invalid choice")
+
+
+def test_one_bad_among_several_names_it(tmp_path, capsys):
+    good = good_trace(tmp_path / "t.parquet")
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("x")
+    _one_line_error(capsys, ["report", good, str(bad)], "bad.parquet")
+
+
+def test_output_formats_and_files(tmp_path, capsys):
+    path = good_trace(tmp_path / "t.parquet", n_steps=4)
+    for fmt, needle in (("table", "Breakdown per GPU count"), ("md", "| configuration |"),
+                        ("csv", "# table: breakdown"), ("json", '"tables"')):
+        assert main(["report", path, "--format", fmt]) == 0
+        assert needle in capsys.readouterr().out
+    out = tmp_path / "rep.md"
+    assert main(["report", path, "-o", str(out)]) == 0
+    assert out.read_text().startswith("# commprof report")
+    d = tmp_path / "files"
+    assert main(["report", path, "--out-dir", str(d)]) == 0
+    assert sorted(os.listdir(d)) == ["breakdown.csv", "collectives.csv", "report.json", "report.md",
+                                     "report.txt"]
