@@ -52,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a final JSON summary line")
+    p.add_argument("--step-times", default=None, metavar="FILE",
+                   help="rank 0 writes its per-step wall times (seconds, JSON list) here")
     return p.parse_args(argv)
 
 
@@ -156,6 +158,7 @@ def main(argv=None):
     epochs = math.ceil(total_steps / steps_per_epoch)
     step = 0
     timed_start, timed_steps = None, 0
+    step_times, t_last = [], time.perf_counter()
     model.train()
     for epoch in range(epochs):
         if loader is not None and hasattr(loader.sampler, "set_epoch"):
@@ -175,6 +178,11 @@ def main(argv=None):
             loss.backward()
             opt.step()
             step += 1
+            if device.type == "cuda" and args.step_times:
+                torch.cuda.synchronize()
+            t_now = time.perf_counter()
+            step_times.append(t_now - t_last)
+            t_last = t_now
             if timed_start is not None:
                 timed_steps += 1
             epoch_loss += float(loss.detach())
@@ -209,6 +217,9 @@ def main(argv=None):
                   f"(global batch {global_batch})", flush=True)
     if args.json:
         print("RESULT " + json.dumps(result), flush=True)
+    if args.step_times and rank == 0:
+        with open(args.step_times, "w") as fh:
+            json.dump(step_times, fh)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
