@@ -24,73 +24,88 @@ and the shares add up to 100 % of step time.
 *Busy* shares: time covered by each category regardless of the others
 (communication = union of all collectives' issue→completion intervals),
 over step time; these do not add up to 100 %.
+
+All ranks are analysed in one vectorised sweep: each rank's events are
+moved onto a private stretch of one int64 time line.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from .intervals import attribute
+from .events import Events
+from .intervals import first_cover, segments
 
 CATEGORIES = ("data", "comm", "compute", "other")
-_CLASSES = ("data", "blocking_comm", "compute", "async_comm")
+STEP_COLUMNS = ["rank", "step", "t_start", "t_end", "step_time", "items", "data", "comm", "compute",
+                "other", "comm_busy", "data_busy", "compute_busy", "overlap"]
 
 
-def _class_masks(ev: pd.DataFrame):
-    cat = ev["category"].astype(str)
-    blocking = ev["blocking"].fillna(False).astype(bool) if "blocking" in ev else False
-    is_comm = cat == "comm"
-    return {
-        "data": cat == "data",
-        "blocking_comm": (cat == "wait") | (is_comm & blocking),
-        "compute": cat == "compute",
-        "async_comm": is_comm & ~blocking,
-        "comm_any": is_comm,
-    }
+def _rank_keys(ev: Events):
+    """Map (rank, t) to one int64 time line on which ranks do not overlap:
+    key = rank_index << shift | (t - t0[rank]). Returns (key function,
+    rank values)."""
+    ranks, ridx = np.unique(ev.rank, return_inverse=True)
+    t0 = np.full(len(ranks), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(t0, ridx, np.minimum(ev.t_start, ev.t_end))
+    local_end = np.maximum(ev.t_end, ev.t_start) - t0[ridx]
+    shift = max(int(local_end.max()).bit_length(), 1) if len(local_end) else 1
+    if shift + max(len(ranks), 1).bit_length() > 62:
+        raise ValueError("time span too large to analyse these ranks together")
+
+    def key(t: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        r = ridx[mask]
+        return (r.astype(np.int64) << shift) | (t[mask] - t0[r])
+
+    return key, ranks, ridx
 
 
-def per_step(events: pd.DataFrame) -> pd.DataFrame:
+def per_step(data) -> pd.DataFrame:
     """One row per (rank, step) with exposed and busy times in ns.
 
     Columns: rank, step, t_start, t_end, step_time, items, data, comm,
-    compute, other (exposed; sum = step_time), comm_busy, data_busy,
-    compute_busy.
+    compute, other (exposed; they sum to step_time), comm_busy, data_busy,
+    compute_busy, overlap (time where a collective and compute run
+    together). ``data``: an Arrow table or DataFrame of trace rows.
     """
-    cols = ["rank", "step", "t_start", "t_end", "step_time", "items", "data", "comm", "compute",
-            "other", "comm_busy", "data_busy", "compute_busy"]
-    frames = []
-    for rank, ev in events.groupby("rank", sort=True, observed=True):
-        cat = ev["category"].astype(str)
-        steps = ev[cat == "step"].sort_values("t_end")
-        if steps.empty:
-            continue
-        ws = steps["t_start"].to_numpy(np.int64)
-        we = steps["t_end"].to_numpy(np.int64)
-        masks = _class_masks(ev)
-        classes = []
-        for name in _CLASSES + ("comm_any",):
-            sub = ev[masks[name]]
-            classes.append((sub["t_start"].to_numpy(np.int64), sub["t_end"].to_numpy(np.int64)))
-        exposed, busy = attribute(classes[:4], ws, we)
-        comm_busy = attribute([classes[4]], ws, we)[1][:, 0]
-        df = pd.DataFrame({
-            "rank": int(rank),
-            "step": steps["step"].to_numpy(np.int64),
-            "t_start": ws, "t_end": we,
-            "step_time": (we - ws).astype(np.float64),
-            "items": steps["items"].to_numpy(dtype=np.float64, na_value=np.nan),
-            "data": exposed[:, 0],
-            "comm": exposed[:, 1] + exposed[:, 3],
-            "compute": exposed[:, 2],
-            "other": exposed[:, 4],
-            "comm_busy": comm_busy,
-            "data_busy": busy[:, 0],
-            "compute_busy": busy[:, 2],
-        })
-        frames.append(df)
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    return pd.concat(frames, ignore_index=True)[cols]
+    ev = data if isinstance(data, Events) else Events.of(data)
+    if len(ev) == 0:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    is_step = ev.cat == 0
+    if not is_step.any():
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    key, ranks, ridx = _rank_keys(ev)
+    ws, we = key(ev.t_start, is_step), key(ev.t_end, is_step)
+    comm = ev.cat == 3
+    masks = [
+        ev.cat == 1,                              # data
+        (ev.cat == 4) | (comm & ev.blocking),     # blocking communication
+        ev.cat == 2,                              # compute
+        comm & ~ev.blocking,                      # communication in flight
+        comm,                                     # any collective (busy)
+    ]
+    sets = [(key(ev.t_start, m), key(ev.t_end, m)) for m in masks]
+    seg = segments(ws, we, sets)
+    label = first_cover(seg.covs[:4])
+    n = len(ws)
+    exposed = [seg.total(label == c) for c in range(5)]
+    out = pd.DataFrame({
+        "rank": ranks[ridx[is_step]],
+        "step": ev.step[is_step],
+        "t_start": ev.t_start[is_step],
+        "t_end": ev.t_end[is_step],
+        "step_time": (ev.t_end[is_step] - ev.t_start[is_step]).astype(np.float64),
+        "items": ev.items[is_step],
+        "data": exposed[0],
+        "comm": exposed[1] + exposed[3],
+        "compute": exposed[2],
+        "other": exposed[4],
+        "comm_busy": seg.total(seg.covs[4]) if n else np.zeros(0),
+        "data_busy": seg.total(seg.covs[0]),
+        "compute_busy": seg.total(seg.covs[2]),
+        "overlap": seg.total(seg.covs[4] & seg.covs[2]),
+    })
+    return out.sort_values(["rank", "t_end"], kind="stable").reset_index(drop=True)[STEP_COLUMNS]
 
 
 def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
@@ -105,13 +120,18 @@ def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
 
 
 def shares(steps: pd.DataFrame) -> dict:
-    """Time-weighted shares (percent of step time) over the given steps."""
-    total = float(steps["step_time"].sum())
+    """Time-weighted shares (percent of step time) over the given steps,
+    plus ``overlap`` (HTA's definition: time where communication and compute
+    run together, over communication time)."""
+    total = float(steps["step_time"].sum()) if len(steps) else 0.0
+    busy_cols = ("comm_busy", "data_busy", "compute_busy")
     if total <= 0:
-        return {c: float("nan") for c in CATEGORIES + ("comm_busy", "data_busy", "compute_busy")}
+        return {c: float("nan") for c in CATEGORIES + busy_cols + ("overlap",)}
     out = {c: 100.0 * float(steps[c].sum()) / total for c in CATEGORIES}
-    for c in ("comm_busy", "data_busy", "compute_busy"):
+    for c in busy_cols:
         out[c] = 100.0 * float(steps[c].sum()) / total
+    comm = float(steps["comm_busy"].sum())
+    out["overlap"] = 100.0 * float(steps["overlap"].sum()) / comm if comm > 0 else float("nan")
     return out
 
 

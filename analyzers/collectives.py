@@ -1,4 +1,5 @@
-"""Per-collective statistics with nccl-tests bandwidths.
+"""Per-collective statistics with nccl-tests bandwidths, message-size
+buckets, and arrival skew across ranks.
 
 S (``bytes``) is recorded as nccl-tests define it: the tensor for
 all_reduce / broadcast / reduce, the *full* array (per-rank part x n) for
@@ -6,14 +7,44 @@ reduce_scatter and all_gather. For each call, latency t = completion -
 issue (host clock), algbw = S / t (GB/s, 1 GB = 1e9 bytes) and
 busbw = algbw x factor(n) with n = group size:
 all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all, gather,
-scatter (n-1)/n; broadcast, reduce 1. The table reports the median over
-calls. For asynchronous collectives (DDP buckets) t includes time queued
-behind earlier buckets, so bandwidths are lower bounds.
+scatter (n-1)/n; broadcast, reduce 1. Tables report medians over calls.
+For asynchronous collectives (DDP buckets) t includes time queued behind
+earlier buckets, so their bandwidths are lower bounds.
+
+Arrival skew: the same collective has the same (group, seq) on every rank.
+Per instance, skew = latest issue - earliest issue (time the early ranks
+wait for peers) and transfer = mean completion - latest issue (time after
+everyone arrived). Ranks on different hosts are aligned with each rank's
+wall-clock offset.
 """
 from __future__ import annotations
 
+from typing import Dict, Optional
+
 import numpy as np
 import pandas as pd
+
+from .sketch import Sketch
+
+SIZE_EDGES = [0, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26,
+              1 << 28, 1 << 30]
+
+
+def size_label(i: int) -> str:
+    def h(b):
+        for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if b >= f:
+                return f"{b // f} {unit}"
+        return f"{b} B"
+    if i <= 0:
+        return "< 1 KiB"
+    if i >= len(SIZE_EDGES) - 1:
+        return f">= {h(SIZE_EDGES[-1])}"
+    return f"{h(SIZE_EDGES[i])} - {h(SIZE_EDGES[i + 1])}"
+
+
+def size_bucket(nbytes: np.ndarray) -> np.ndarray:
+    return np.searchsorted(np.array(SIZE_EDGES[1:]), np.nan_to_num(nbytes, nan=0), side="right")
 
 
 def bus_factor(op: str, n) -> np.ndarray:
@@ -33,34 +64,149 @@ def per_call(events: pd.DataFrame) -> pd.DataFrame:
     c = events[events["category"].astype(str) == "comm"].copy()
     c["op"] = c["name"].astype(str)
     c["latency_s"] = (c["t_end"] - c["t_start"]).astype(np.float64) / 1e9
+    nbytes = c["bytes"].astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        c["algbw"] = np.where(c["latency_s"] > 0, c["bytes"].astype(np.float64) / c["latency_s"] / 1e9, np.nan)
+        c["algbw"] = np.where(c["latency_s"] > 0, nbytes / c["latency_s"] / 1e9, np.nan)
     c["busbw"] = np.nan
     for op, idx in c.groupby("op").groups.items():
         c.loc[idx, "busbw"] = c.loc[idx, "algbw"].to_numpy() * bus_factor(op, c.loc[idx, "group_size"].to_numpy())
     c.loc[c["op"] == "barrier", ["algbw", "busbw"]] = np.nan
+    c["size_bucket"] = size_bucket(nbytes.to_numpy())
     return c
 
 
-def summary(calls: pd.DataFrame, n_steps: int, n_ranks: int) -> pd.DataFrame:
-    """One row per (op, source): count, calls per step per rank, bytes,
-    latency median/p95/mean (ms), algbw and busbw medians (GB/s)."""
-    cols = ["op", "source", "calls", "calls_per_step", "bytes_per_call", "total_bytes",
-            "lat_ms_mean", "lat_ms_p50", "lat_ms_p95", "algbw_GBps", "busbw_GBps", "group_size"]
-    if calls.empty:
-        return pd.DataFrame(columns=cols)
-    rows = []
-    for (op, source), g in calls.groupby(["op", calls["source"].astype(str)], sort=True):
-        lat = g["latency_s"].to_numpy() * 1e3
-        rows.append({
-            "op": op, "source": source, "calls": len(g),
-            "calls_per_step": len(g) / max(1, n_steps * n_ranks),
-            "bytes_per_call": float(g["bytes"].mean()) if g["bytes"].notna().any() else np.nan,
-            "total_bytes": float(g["bytes"].sum()),
-            "lat_ms_mean": float(lat.mean()), "lat_ms_p50": float(np.median(lat)),
-            "lat_ms_p95": float(np.percentile(lat, 95)),
-            "algbw_GBps": float(np.nanmedian(g["algbw"])) if g["algbw"].notna().any() else np.nan,
-            "busbw_GBps": float(np.nanmedian(g["busbw"])) if g["busbw"].notna().any() else np.nan,
-            "group_size": int(g["group_size"].max()) if g["group_size"].notna().any() else np.nan,
+class CollectiveStats:
+    """Accumulates collectives chunk by chunk (each chunk holds whole ranks)."""
+
+    def __init__(self):
+        self.calls: Dict[tuple, dict] = {}
+        self._inst: Optional[pd.DataFrame] = None
+        self._rank_sums: Optional[pd.DataFrame] = None
+
+    # -- accumulation --------------------------------------------------------
+    def add(self, events: pd.DataFrame, offsets: Optional[Dict[int, int]] = None) -> None:
+        c = per_call(events)
+        if c.empty:
+            return
+        self.add_calls(c)
+        self._add_instances(c, offsets or {})
+
+    def add_calls(self, c: pd.DataFrame) -> None:
+        """Fold a per_call frame into the per (op, source, size bucket) sketches."""
+        c = c.assign(source=c["source"].astype(str))
+        for (op, source, bucket), g in c.groupby(["op", "source", "size_bucket"], sort=False):
+            acc = self.calls.get((op, source, bucket))
+            if acc is None:
+                acc = self.calls[(op, source, bucket)] = {
+                    "lat": Sketch(), "algbw": Sketch(), "busbw": Sketch(), "bytes": 0.0, "group_size": 0}
+            acc["lat"].add(g["latency_s"].to_numpy() * 1e3)
+            acc["algbw"].add(g["algbw"].to_numpy())
+            acc["busbw"].add(g["busbw"].to_numpy())
+            acc["bytes"] += float(np.nansum(g["bytes"].to_numpy(dtype=np.float64)))
+            gs = g["group_size"].max()
+            acc["group_size"] = max(acc["group_size"], int(gs) if pd.notna(gs) else 0)
+
+    def _add_instances(self, c: pd.DataFrame, offsets: Dict[int, int]) -> None:
+        c = c[c["seq"].notna() & c["group"].notna()]
+        if c.empty:
+            return
+        off = c["rank"].map(offsets).fillna(0).astype(np.int64) if offsets else 0
+        c = c.assign(ts=c["t_start"].astype(np.int64) + off, te=c["t_end"].astype(np.int64) + off,
+                     group=c["group"].astype(str), seq=c["seq"].astype(np.int64))
+        keys = ["group", "seq"]
+        g = c.groupby(keys, sort=False)
+        agg = g.agg(op=("op", "first"), min_start=("ts", "min"), max_start=("ts", "max"),
+                    sum_end=("te", "sum"), n=("ts", "size"), bytes=("bytes", "max"))
+        agg["last_rank"] = c.loc[g["ts"].idxmax().to_numpy(), "rank"].to_numpy()
+        agg = agg.reset_index()
+        if self._inst is not None:
+            both = pd.concat([self._inst, agg], ignore_index=True)
+            gb = both.groupby(keys, sort=False)
+            merged = gb.agg(op=("op", "first"), min_start=("min_start", "min"), max_start=("max_start", "max"),
+                            sum_end=("sum_end", "sum"), n=("n", "sum"), bytes=("bytes", "max"))
+            merged["last_rank"] = both.loc[gb["max_start"].idxmax().to_numpy(), "last_rank"].to_numpy()
+            agg = merged.reset_index()
+        self._inst = agg
+        sums = c.groupby(["rank", "group"], sort=False).agg(sum_start=("ts", "sum"), n=("ts", "size")).reset_index()
+        self._rank_sums = sums if self._rank_sums is None else pd.concat([self._rank_sums, sums], ignore_index=True)
+
+    # -- results ---------------------------------------------------------------
+    def table(self, n_steps: int, n_ranks: int) -> pd.DataFrame:
+        """One row per (op, issuing instrument, message-size bucket)."""
+        cols = ["op", "source", "size", "calls", "calls_per_step", "bytes_per_call", "total_bytes",
+                "lat_ms_mean", "lat_ms_p50", "lat_ms_p95", "algbw_GBps", "busbw_GBps", "group_size"]
+        rows = []
+        for (op, source, bucket), a in sorted(self.calls.items()):
+            lat = a["lat"]
+            rows.append({
+                "op": op, "source": source, "size": size_label(int(bucket)), "calls": lat.count,
+                "calls_per_step": lat.count / max(1, n_steps * n_ranks),
+                "bytes_per_call": a["bytes"] / lat.count if lat.count else np.nan,
+                "total_bytes": a["bytes"],
+                "lat_ms_mean": lat.mean(), "lat_ms_p50": lat.quantile(0.5), "lat_ms_p95": lat.quantile(0.95),
+                "algbw_GBps": a["algbw"].quantile(0.5) if op != "barrier" else np.nan,
+                "busbw_GBps": a["busbw"].quantile(0.5) if op != "barrier" else np.nan,
+                "group_size": a["group_size"] or np.nan,
+            })
+        return pd.DataFrame(rows, columns=cols)
+
+    def instances(self) -> pd.DataFrame:
+        """Per collective instance seen on more than one rank: op, ranks,
+        skew_ms (latest - earliest issue), transfer_ms (mean completion -
+        latest issue), last_rank (the latest to arrive)."""
+        if self._inst is None:
+            return pd.DataFrame(columns=["group", "seq", "op", "ranks", "skew_ms", "transfer_ms", "last_rank"])
+        i = self._inst[self._inst["n"] > 1]
+        return pd.DataFrame({
+            "group": i["group"], "seq": i["seq"], "op": i["op"], "ranks": i["n"],
+            "skew_ms": (i["max_start"] - i["min_start"]) / 1e6,
+            "transfer_ms": (i["sum_end"] / i["n"] - i["max_start"]) / 1e6,
+            "last_rank": i["last_rank"], "bytes": i["bytes"],
+        }).reset_index(drop=True)
+
+    def skew_table(self) -> pd.DataFrame:
+        """Per op: instances, skew mean / p95, transfer mean, and the share of
+        collective time spent waiting for peers (skew / (skew + transfer))."""
+        inst = self.instances()
+        cols = ["op", "instances", "skew_ms_mean", "skew_ms_p95", "transfer_ms_mean", "wait_pct"]
+        if inst.empty:
+            return pd.DataFrame(columns=cols)
+        rows = []
+        for op, g in inst.groupby("op"):
+            skew, tr = g["skew_ms"].mean(), g["transfer_ms"].clip(lower=0).mean()
+            rows.append({"op": op, "instances": len(g), "skew_ms_mean": skew,
+                         "skew_ms_p95": float(np.percentile(g["skew_ms"], 95)), "transfer_ms_mean": tr,
+                         "wait_pct": 100.0 * skew / (skew + tr) if skew + tr > 0 else np.nan})
+        return pd.DataFrame(rows, columns=cols)
+
+    def rank_lateness(self) -> pd.DataFrame:
+        """Per rank: mean lateness (ms) of its arrival behind the earliest
+        rank, and the fraction of instances it arrived last."""
+        inst = self._inst
+        if inst is None or self._rank_sums is None:
+            return pd.DataFrame(columns=["rank", "lateness_ms", "last_pct", "instances"])
+        multi = inst[inst["n"] > 1]
+        if multi.empty:
+            return pd.DataFrame(columns=["rank", "lateness_ms", "last_pct", "instances"])
+        per_group = multi.groupby("group").agg(sum_min=("min_start", "sum"), k=("min_start", "size"))
+        sums = self._rank_sums.groupby(["rank", "group"]).sum().reset_index()
+        sums = sums.join(per_group, on="group", how="inner")
+        sums = sums[sums["n"] == sums["k"]]  # rank took part in every instance of the group
+        if sums.empty:
+            return pd.DataFrame(columns=["rank", "lateness_ms", "last_pct", "instances"])
+        per_rank = sums.groupby("rank").agg(late=("sum_start", "sum"), base=("sum_min", "sum"), n=("n", "sum"))
+        last = multi["last_rank"].value_counts()
+        out = pd.DataFrame({
+            "rank": per_rank.index.astype(int),
+            "lateness_ms": ((per_rank["late"] - per_rank["base"]) / per_rank["n"] / 1e6).to_numpy(),
+            "last_pct": [100.0 * last.get(r, 0) / len(multi) for r in per_rank.index],
+            "instances": per_rank["n"].to_numpy(),
         })
-    return pd.DataFrame(rows, columns=cols)
+        return out.reset_index(drop=True)
+
+
+def summary(calls: pd.DataFrame, n_steps: int, n_ranks: int) -> pd.DataFrame:
+    """Per (op, source) table from a per_call frame (small traces, tests)."""
+    stats = CollectiveStats()
+    stats.add_calls(calls.assign(size_bucket=0))
+    return stats.table(n_steps, n_ranks).drop(columns=["size"])

@@ -1,21 +1,39 @@
-"""The table scaling studies build by hand: one row per GPU count (world
-size), grouped by configuration, with the breakdown, step time and
-throughput; plus the collectives per configuration and GPU count.
+"""The table scaling studies build by hand, across runs: one row per GPU
+count (world size), grouped by configuration, with the breakdown, step
+time, throughput, speedup and parallel efficiency; plus collectives,
+arrival skew, stragglers and the study-shaped side-by-side table.
 
 A configuration is the tuple of run-metadata values named by ``group_by``
 (default: framework, loader, model, batch_size, then any user labels).
+
+Scaling: within a configuration the smallest GPU count measured, N0, is the
+baseline. speedup(N) = throughput(N) / throughput(N0); efficiency(N) =
+speedup(N) / (N / N0). The mode is *weak* when the per-rank batch is the
+same at every count (the global batch grows), *strong* when the global
+batch is the same (with fixed total work, time-to-solution scales as
+1/throughput, so the same formulas hold). Epoch time = dataset size /
+samples/s when the dataset size is known.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from . import breakdown, collectives, throughput
+from . import breakdown, stragglers, throughput
+from .collectives import CollectiveStats
+from .events import Events
+from .timeline import timeline
 
 DEFAULT_GROUP_BY = ("framework", "loader", "model", "batch_size")
+_COMPACT = {"step_time": np.float32, "data": np.float32, "comm": np.float32, "compute": np.float32,
+            "other": np.float32, "comm_busy": np.float32, "data_busy": np.float32,
+            "compute_busy": np.float32, "overlap": np.float32, "items": np.float32,
+            "rank": np.int32, "step": np.int32}
 
 
 @dataclass
@@ -23,9 +41,18 @@ class RunAnalysis:
     label: str
     meta: dict
     world_size: int
-    steps: pd.DataFrame      # measured per-step rows
-    calls: pd.DataFrame      # per-call collective rows within measured steps
+    steps: pd.DataFrame            # measured per-step rows (compact dtypes)
+    colls: CollectiveStats
     batch_size: Optional[int]
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.steps.groupby("rank").size().max()) if not self.steps.empty else 0
+
+    @property
+    def n_ranks(self) -> int:
+        return int(self.steps["rank"].nunique()) if not self.steps.empty else 0
 
 
 def config_label(meta: dict, group_by: Optional[Sequence[str]] = None) -> str:
@@ -41,72 +68,201 @@ def config_label(meta: dict, group_by: Optional[Sequence[str]] = None) -> str:
     return " / ".join(parts) if parts else "run"
 
 
-def analyze_run(events: pd.DataFrame, meta: dict, warmup: int = 1,
-                batch_size: Optional[int] = None,
-                group_by: Optional[Sequence[str]] = None) -> RunAnalysis:
-    all_steps = breakdown.per_step(events)
-    steps = breakdown.measured(all_steps, warmup)
-    calls = collectives.per_call(events)
-    if not steps.empty and not calls.empty:
-        lo = steps.groupby("rank")["step"].min()
-        hi = steps.groupby("rank")["step"].max()
-        keep = calls["rank"].map(lo).le(calls["step"]) & calls["rank"].map(hi).ge(calls["step"])
-        calls = calls[keep.fillna(False)]
+def clock_offsets(rank_metas: List[dict]) -> Dict[int, int]:
+    """Per rank, ns to add to its monotonic times to put all hosts on one
+    clock (wall-clock offset); zero when all ranks share one boot (one host)."""
+    boots = {(m.get("clock") or {}).get("boot_id") for m in rank_metas}
+    if len(boots) <= 1:
+        return {}
+    out = {}
+    for m in rank_metas:
+        c = m.get("clock") or {}
+        if "wall_ns_at_start" in c and "mono_ns_at_start" in c and "rank" in m:
+            out[int(m["rank"])] = int(c["wall_ns_at_start"]) - int(c["mono_ns_at_start"])
+    if out:
+        base = min(out.values())
+        out = {r: v - base for r, v in out.items()}
+    return out
+
+
+def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
+                   batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None,
+                   want_timeline: bool = True) -> RunAnalysis:
+    """Analyse a run given an iterable of Arrow tables, each holding whole ranks."""
+    parts: List[pd.DataFrame] = []
+    colls = CollectiveStats()
+    offsets = clock_offsets(rank_metas)
+    tl = pd.DataFrame()
+    for chunk in chunks:
+        ev = Events.of(chunk)
+        steps = breakdown.measured(breakdown.per_step(ev), warmup)
+        if steps.empty:
+            continue
+        parts.append(steps.astype(_COMPACT))
+        is_comm = ev.cat == 3
+        if is_comm.any():
+            lo = steps.groupby("rank")["step"].min()
+            hi = steps.groupby("rank")["step"].max()
+            comm = chunk.filter(pa_mask(is_comm)).to_pandas()
+            keep = comm["rank"].map(lo).le(comm["step"]) & comm["rank"].map(hi).ge(comm["step"])
+            colls.add(comm[keep.fillna(False).to_numpy(bool)], offsets)
+        if want_timeline and tl.empty:
+            tl = timeline(_small_window(chunk, steps), steps)
+    steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=breakdown.STEP_COLUMNS)
     meta = dict(meta)
-    if batch_size is None and "batch_size" not in meta and steps["items"].notna().any():
-        meta["batch_size"] = int(steps["items"].median())
-    elif batch_size is not None:
+    if batch_size is not None:
         meta["batch_size"] = batch_size
-    meta.setdefault("framework", "none" if int(meta.get("world_size") or 1) == 1 else None)
-    return RunAnalysis(config_label(meta, group_by), meta, int(meta.get("world_size") or 1),
-                       steps, calls, batch_size)
+    elif "batch_size" not in meta and len(steps) and steps["items"].notna().any():
+        meta["batch_size"] = int(np.nanmedian(steps["items"]))
+    world = int(meta.get("world_size") or 1)
+    if meta.get("framework") is None and world == 1:
+        meta["framework"] = "none"
+    return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl)
+
+
+def pa_mask(mask: np.ndarray):
+    return pa.array(mask, type=pa.bool_())
+
+
+def _small_window(chunk, steps: pd.DataFrame) -> pd.DataFrame:
+    """The events of the chunk's first 8 ranks, as pandas, for the timeline."""
+    ranks = sorted(steps["rank"].unique())[:8]
+    sub = chunk.filter(pc.is_in(chunk.column("rank"), value_set=pa.array(ranks, pa.int32())))
+    return sub.select([c for c in ("rank", "step", "category", "name", "t_start", "t_end")
+                       if c in sub.column_names]).to_pandas()
+
+
+def _groups(runs: List[RunAnalysis]) -> Dict[tuple, List[RunAnalysis]]:
+    groups: Dict[tuple, List[RunAnalysis]] = {}
+    for r in runs:
+        groups.setdefault((r.label, r.world_size), []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])))
+
+
+def _steps_of(members: List[RunAnalysis]) -> pd.DataFrame:
+    frames = []
+    for i, r in enumerate(members):
+        s = r.steps.copy()
+        s["rank"] = s["rank"].astype(np.int64) + i * 1_000_000  # keep runs apart
+        frames.append(s)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=breakdown.STEP_COLUMNS)
 
 
 def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
     rows = []
-    groups: Dict[tuple, List[RunAnalysis]] = {}
-    for r in runs:
-        groups.setdefault((r.label, r.world_size), []).append(r)
-    for (label, gpus), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        frames = []
-        for i, r in enumerate(members):
-            s = r.steps.copy()
-            s["rank"] = s["rank"] + i * 1_000_000  # keep runs apart
-            frames.append(s)
-        steps = pd.concat(frames, ignore_index=True)
+    for (label, gpus), members in _groups(runs).items():
+        steps = _steps_of(members)
+        if steps.empty:
+            continue
         sh = breakdown.shares(steps)
         tps = [throughput.throughput(r.steps, r.batch_size) for r in members]
         lo, hi = breakdown.rank_spread(steps, "comm")
+        meta = members[0].meta
+        samples = float(np.nanmean([t["samples_per_s"] for t in tps]))
+        dataset = meta.get("dataset_size")
         rows.append({
             "config": label, "gpus": gpus, "runs": len(members),
             "steps": int(np.mean([t["steps"] for t in tps])),
             "comm_pct": sh["comm"], "data_pct": sh["data"], "compute_pct": sh["compute"],
-            "other_pct": sh["other"], "comm_busy_pct": sh["comm_busy"],
+            "other_pct": sh["other"], "comm_busy_pct": sh["comm_busy"], "data_busy_pct": sh["data_busy"],
+            "compute_busy_pct": sh["compute_busy"], "overlap_pct": sh["overlap"],
             "comm_pct_rank_min": lo, "comm_pct_rank_max": hi,
+            "imbalance_pct": float(np.nanmean([stragglers.imbalance_pct(r.steps) for r in members])),
             "step_ms_median": float(np.median(steps["step_time"]) / 1e6),
             "step_ms_p95": float(np.percentile(steps["step_time"], 95) / 1e6),
-            "steps_per_s": float(np.mean([t["steps_per_s"] for t in tps])),
-            "samples_per_s": float(np.mean([t["samples_per_s"] for t in tps])),
-            "batch_per_rank": float(np.mean([t["batch_per_rank"] for t in tps])),
+            "steps_per_s": float(np.nanmean([t["steps_per_s"] for t in tps])),
+            "samples_per_s": samples,
+            "batch_per_rank": float(np.nanmean([t["batch_per_rank"] for t in tps])),
+            "epoch_s": float(dataset) / samples if dataset and samples > 0 else np.nan,
+            "loader": meta.get("loader"), "loader_workers": meta.get("loader_workers"),
         })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return add_scaling(table)
+
+
+def add_scaling(table: pd.DataFrame) -> pd.DataFrame:
+    """Speedup and efficiency vs the smallest GPU count of each config."""
+    if table.empty:
+        return table
+    table = table.copy()
+    table["speedup"] = np.nan
+    table["efficiency_pct"] = np.nan
+    table["baseline_gpus"] = np.nan
+    table["scaling"] = ""
+    for config, g in table.groupby("config"):
+        g = g.sort_values("gpus")
+        base = g.iloc[0]
+        n0, t0 = base["gpus"], base["samples_per_s"]
+        per_rank = g["batch_per_rank"].round(6)
+        global_b = (g["batch_per_rank"] * g["gpus"]).round(6)
+        mode = "weak" if per_rank.nunique() == 1 else ("strong" if global_b.nunique() == 1 else "mixed")
+        for idx, r in g.iterrows():
+            if t0 and t0 > 0 and not np.isnan(r["samples_per_s"]):
+                sp = r["samples_per_s"] / t0
+                table.loc[idx, "speedup"] = sp
+                table.loc[idx, "efficiency_pct"] = 100.0 * sp / (r["gpus"] / n0)
+            table.loc[idx, "baseline_gpus"] = n0
+            table.loc[idx, "scaling"] = mode if len(g) > 1 else ""
+    return table
+
+
+def study_table(table: pd.DataFrame, busy: bool = True) -> pd.DataFrame:
+    """The study's shape: rows = GPU counts, column groups = configurations,
+    each with comm / data / compute shares (busy shares by default, as
+    scaling papers report them: not forced to 100 %) and efficiency."""
+    if table.empty:
+        return pd.DataFrame()
+    cols = ({"comm_busy_pct": "comm %", "data_busy_pct": "data %", "compute_busy_pct": "compute %"} if busy
+            else {"comm_pct": "comm %", "data_pct": "data %", "compute_pct": "compute %"})
+    cols["efficiency_pct"] = "eff %"
+    wide = table.pivot_table(index="gpus", columns="config", values=list(cols), aggfunc="first")
+    out = pd.DataFrame(index=wide.index)
+    for config in table["config"].drop_duplicates():
+        for col, name in cols.items():
+            out[f"{config} | {name}"] = wide[(col, config)] if (col, config) in wide else np.nan
+    out = out.reset_index()
+    out["gpus"] = out["gpus"].astype(int)
+    return out
 
 
 def collectives_table(runs: List[RunAnalysis]) -> pd.DataFrame:
     frames = []
-    groups: Dict[tuple, List[RunAnalysis]] = {}
-    for r in runs:
-        groups.setdefault((r.label, r.world_size), []).append(r)
-    for (label, gpus), members in sorted(groups.items()):
-        calls = pd.concat([m.calls for m in members], ignore_index=True) if members else pd.DataFrame()
-        n_steps = sum(int(m.steps.groupby("rank").size().max()) if not m.steps.empty else 0 for m in members)
-        n_ranks = max(int(m.steps["rank"].nunique()) if not m.steps.empty else 1 for m in members)
-        t = collectives.summary(calls, n_steps, n_ranks)
-        if t.empty:
-            continue
+    for (label, gpus), members in _groups(runs).items():
+        for m in members:
+            t = m.colls.table(m.n_steps, m.n_ranks)
+            if t.empty:
+                continue
+            t.insert(0, "gpus", gpus)
+            t.insert(0, "config", label)
+            frames.append(t)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def skew_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
+    out = {}
+    for key, members in _groups(runs).items():
+        tables = [m.colls.skew_table() for m in members]
+        tables = [t for t in tables if len(t)]
+        if tables:
+            out[key] = pd.concat(tables, ignore_index=True)
+    return out
+
+
+def straggler_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
+    out = {}
+    for key, members in _groups(runs).items():
+        tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness()) for m in members]
+        tables = [t for t in tables if len(t)]
+        if tables:
+            out[key] = pd.concat(tables, ignore_index=True)
+    return out
+
+
+def stack(tables: Dict[tuple, pd.DataFrame]) -> pd.DataFrame:
+    frames = []
+    for (label, gpus), t in tables.items():
+        t = t.copy()
         t.insert(0, "gpus", gpus)
         t.insert(0, "config", label)
         frames.append(t)
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Breakdown per GPU count and configuration, throughput, collectives.")
     rep.add_argument("traces", nargs="+", metavar="TRACE",
                      help="trace.parquet, a record folder, or a folder of shards (several runs allowed)")
-    rep.add_argument("--format", choices=("table", "md", "csv", "json"), default=None,
+    rep.add_argument("--format", choices=("table", "md", "csv", "json", "html"), default=None,
                      help="output format (default: table, or from -o's extension)")
     rep.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
     rep.add_argument("--out-dir", metavar="DIR", default=None,

@@ -1,4 +1,5 @@
-"""``commprof report``: load runs, run the analyzers, render."""
+"""``commprof report``: load runs (streamed, whole ranks at a time), run the
+analyzers, render."""
 from __future__ import annotations
 
 import os
@@ -6,72 +7,99 @@ import sys
 from typing import List, Optional, Sequence
 
 from .schema import TraceFormatError
-from .trace import load
+from .trace import iter_chunks, open_run
 
 REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end",
-                  "bytes", "dtype", "group", "group_size", "seq", "blocking", "items", "value"]
+                  "bytes", "dtype", "group", "group_size", "seq", "blocking", "items"]
 
 BREAKDOWN_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("runs", "runs", "d"),
     ("steps", "steps", "d"),
     ("comm_pct", "comm %", ".1f"), ("data_pct", "data %", ".1f"),
     ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
-    ("comm_busy_pct", "comm busy %", ".1f"),
+    ("comm_busy_pct", "comm busy %", ".1f"), ("overlap_pct", "overlap %", ".1f"),
     ("step_ms_median", "step ms p50", ".2f"), ("step_ms_p95", "step ms p95", ".2f"),
     ("steps_per_s", "steps/s", ".3f"), ("samples_per_s", "samples/s", ".1f"),
-    ("batch_per_rank", "batch/rank", ".0f"),
+    ("batch_per_rank", "batch/rank", ".0f"), ("speedup", "speedup", ".2f"),
+    ("efficiency_pct", "eff %", ".1f"), ("imbalance_pct", "imbal %", ".1f"),
 ]
 COLLECTIVE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("op", "collective", ""),
-    ("source", "issued by", ""), ("calls", "calls", "d"), ("calls_per_step", "calls/step", ".1f"),
-    ("bytes_per_call", "bytes/call", ",.0f"), ("lat_ms_mean", "lat ms mean", ".3f"),
-    ("lat_ms_p50", "lat ms p50", ".3f"), ("lat_ms_p95", "lat ms p95", ".3f"),
-    ("algbw_GBps", "algbw GB/s", ".3f"), ("busbw_GBps", "busbw GB/s", ".3f"),
+    ("source", "issued by", ""), ("size", "message size", ""), ("calls", "calls", "d"),
+    ("calls_per_step", "calls/step", ".1f"), ("bytes_per_call", "bytes/call", ",.0f"),
+    ("lat_ms_mean", "lat ms mean", ".3f"), ("lat_ms_p50", "lat ms p50", ".3f"),
+    ("lat_ms_p95", "lat ms p95", ".3f"), ("algbw_GBps", "algbw GB/s", ".3f"),
+    ("busbw_GBps", "busbw GB/s", ".3f"),
+]
+SKEW_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("op", "collective", ""),
+    ("instances", "instances", "d"), ("skew_ms_mean", "skew ms mean", ".3f"),
+    ("skew_ms_p95", "skew ms p95", ".3f"), ("transfer_ms_mean", "transfer ms", ".3f"),
+    ("wait_pct", "waiting %", ".1f"),
+]
+STRAGGLER_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("rank", "rank", "d"), ("metric", "metric", ""),
+    ("late_pct", "late in %", ".0f"), ("excess_ms", "excess ms", ".2f"), ("value_ms", "rank ms", ".2f"),
+    ("median_ms", "median ms", ".2f"),
+]
+FINDING_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("finding", "finding", ""),
+    ("evidence", "evidence", ""), ("advice", "what to try", ""),
 ]
 
 NOTES = [
     "Shares are of step time (end of one optimizer step to the end of the next), time-weighted "
     "over measured steps and ranks; exposed shares add up to 100 %: data > blocking comm > compute "
     "> comm in flight > other. 'comm busy %' is the union of all collectives' issue-to-completion "
-    "time (hidden communication included).",
+    "time (hidden communication included); 'overlap %' is the part of that time during which "
+    "compute runs too (HTA's definition).",
     "algbw = S / latency, busbw = algbw x nccl-tests factor (all_reduce 2(n-1)/n; reduce_scatter, "
     "all_gather (n-1)/n with S the full array; broadcast 1); medians over calls, GB = 1e9 bytes.",
+    "speedup and efficiency are relative to the smallest GPU count of each configuration; "
+    "imbalance = max over ranks of mean work per step / mean over ranks - 1.",
 ]
 
 
 def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = None,
-            group_by: Optional[Sequence[str]] = None):
+            group_by: Optional[Sequence[str]] = None, chunk_rows: int = 4_000_000):
     """Load every path and return (Report, list of RunAnalysis)."""
-    from analyzers import scaling
+    from analyzers import bottleneck, scaling
     from analyzers.renderers import Report, Table
 
     runs = []
     for path in paths:
-        run = load(path, REPORT_COLUMNS)
-        events = run.table.to_pandas()
-        if not (events["category"].astype(str) == "step").any():
+        meta, rank_metas, _kind, _where = open_run(path)
+        analysis = scaling.analyze_chunks(iter_chunks(path, REPORT_COLUMNS, chunk_rows), meta, rank_metas,
+                                          warmup=warmup, batch_size=batch_size, group_by=group_by)
+        if analysis.steps.empty:
             raise TraceFormatError(f"{path}: the trace has no complete training step "
                                    "(no optimizer step was recorded)")
-        analysis = scaling.analyze_run(events, run.meta, warmup=warmup, batch_size=batch_size,
-                                       group_by=group_by)
         analysis.meta["path"] = path
         runs.append(analysis)
     table = scaling.breakdown_table(runs)
     colls = scaling.collectives_table(runs)
-    notes = list(NOTES)
-    notes.insert(0, f"Warm-up: the first {warmup} step(s) of every rank are left out.")
-    salvaged = [(r.meta.get("path"), r.meta.get("salvaged_ranks")) for r in runs if r.meta.get("salvaged_ranks")]
-    for path, ranks in salvaged:
-        notes.append(f"{path}: rank(s) {ranks} were killed; their events up to the last flush are included.")
-    report = Report(
-        title="commprof report",
-        tables={
-            "breakdown": Table("Breakdown per GPU count (exposed shares of step time)", table, BREAKDOWN_COLUMNS),
-            "collectives": Table("Collectives", colls, COLLECTIVE_COLUMNS),
-        },
-        notes=notes,
-        runs=[r.meta for r in runs],
-    )
+    skews = scaling.skew_tables(runs)
+    strag = scaling.straggler_tables(runs)
+    finds = bottleneck.findings(table, colls, skews, strag)
+    notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
+    for r in runs:
+        if r.meta.get("salvaged_ranks"):
+            notes.append(f"{r.meta['path']}: rank(s) {r.meta['salvaged_ranks']} were killed; "
+                         "their events up to the last flush are included.")
+    tables = {
+        "breakdown": Table("Breakdown per GPU count (exposed shares of step time)", table, BREAKDOWN_COLUMNS),
+    }
+    study = scaling.study_table(table)
+    if len(study):
+        tables["study"] = Table("Side by side (busy shares of step time, as scaling studies report them)",
+                                study, [(c, c, "d" if c == "gpus" else ".1f") for c in study.columns])
+    tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
+    tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
+                           scaling.stack(skews), SKEW_COLUMNS)
+    tables["stragglers"] = Table("Stragglers (persistently late ranks)", scaling.stack(strag), STRAGGLER_COLUMNS)
+    tables["bottlenecks"] = Table("Bottlenecks and what to try", finds, FINDING_COLUMNS, style="list")
+    report = Report(title="commprof report", tables=tables, notes=notes, runs=[r.meta for r in runs])
+    report.extras["timelines"] = {f"{r.label} @ {r.world_size} GPUs": r.timeline for r in runs}
     return report, runs
 
 
@@ -98,7 +126,8 @@ def write_files(report, out_dir: str) -> List[str]:
 
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    for fmt, name in (("md", "report.md"), ("json", "report.json"), ("table", "report.txt")):
+    for fmt, name in (("md", "report.md"), ("json", "report.json"), ("table", "report.txt"),
+                      ("html", "report.html")):
         path = os.path.join(out_dir, name)
         _write(path, renderers.get(fmt).render(report))
         written.append(path)

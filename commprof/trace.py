@@ -150,6 +150,98 @@ def load(path: str, columns: Optional[Sequence[str]] = None) -> Run:
     return Run(where, table, run_metadata(metas), metas)
 
 
+def open_run(path: str) -> Tuple[Dict[str, Any], List[Dict[str, Any]], str, str]:
+    """Metadata of a run without reading its events: (run meta, rank metas,
+    kind, where) with kind 'file' or 'shards'."""
+    kind, where = _resolve(path)
+    if kind == "file":
+        try:
+            pf = pq.ParquetFile(where)
+        except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+            if os.path.getsize(where) == 0:
+                raise TraceFormatError(f"{where}: empty file") from exc
+            raise TraceFormatError(f"{where}: not a readable Parquet file ({_first_line(exc)})") from exc
+        version, run, ranks = _meta_of(where, pf.metadata.metadata)
+        if version > schema.SCHEMA_VERSION or version < schema.MIN_READ_VERSION:
+            raise TraceFormatError(f"{where}: schema version {version} is "
+                                   + ("newer than this commprof reads" if version > schema.SCHEMA_VERSION
+                                      else "older than the oldest readable") + f" ({schema.SCHEMA_VERSION})")
+        missing = [c for c in schema.REQUIRED_COLUMNS if c not in pf.schema_arrow.names]
+        if missing:
+            raise TraceFormatError(f"{where}: missing required column(s): " + ", ".join(missing))
+        return (run or run_metadata(ranks)), ranks, kind, where
+    metas = []
+    shards, journals = find_shards(where)
+    for s in shards:
+        _v, _run, ranks = _meta_of(s, pq.ParquetFile(s).metadata.metadata)
+        metas.extend(ranks[:1])
+    for j in journals:
+        try:
+            with open(j[: -len(".arrows")] + ".meta.json") as fh:
+                m = json.load(fh)
+        except (OSError, ValueError):
+            m = {}
+        m["status"] = "salvaged"
+        metas.append(m)
+    return run_metadata(metas), metas, kind, where
+
+
+def iter_chunks(path: str, columns: Optional[Sequence[str]] = None,
+                max_rows: int = 4_000_000) -> Iterator[pa.Table]:
+    """The events of a run in chunks of whole ranks (about ``max_rows``
+    rows each, never splitting a rank), conformed to the trace schema.
+    A merged file is read row group by row group (each holds one rank);
+    a shard folder shard by shard."""
+    kind, where = _resolve(path)
+    pending: List[pa.Table] = []
+    rows = 0
+
+    def flush():
+        nonlocal pending, rows
+        out = pa.concat_tables(pending, promote_options="permissive").unify_dictionaries() \
+            if len(pending) > 1 else pending[0]
+        pending, rows = [], 0
+        return out
+
+    if kind == "shards":
+        for table, _meta in iter_shard_tables(where):
+            if columns:
+                table = table.select([c for c in columns if c in table.column_names])
+            pending.append(table)
+            rows += table.num_rows
+            if rows >= max_rows:
+                yield flush()
+        if pending:
+            yield flush()
+        return
+    pf = pq.ParquetFile(where)
+    version, _run, _ranks = _meta_of(where, pf.metadata.metadata)
+    names = pf.schema_arrow.names
+    cols = [c for c in (columns or names) if c in names]
+    rank_idx = names.index("rank")
+    md = pf.metadata
+    last_rank = None
+    for i in range(md.num_row_groups):
+        stats = md.row_group(i).column(rank_idx).statistics
+        lo = hi = None
+        if stats is not None and stats.has_min_max:
+            lo, hi = stats.min, stats.max
+        if pending and rows >= max_rows and (lo is None or lo != last_rank):
+            yield flush()
+        try:
+            t = pf.read_row_group(i, columns=cols)
+        except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+            raise TraceFormatError(f"{where}: truncated or corrupt Parquet ({_first_line(exc)})") from exc
+        t = schema.conform(t, version)
+        if columns:
+            t = t.select([c for c in columns if c in t.column_names])
+        pending.append(t)
+        rows += t.num_rows
+        last_rank = hi
+    if pending:
+        yield flush()
+
+
 # ------------------------------------------------------------------ merging
 def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Run-level metadata derived from the ranks' metadata."""

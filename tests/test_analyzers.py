@@ -41,6 +41,8 @@ def test_exposed_and_busy_by_hand():
     # busy comm: union of [400,750] and [900,950]
     assert r["comm_busy"] == 400
     assert r["compute_busy"] == 600 and r["data_busy"] == 100
+    # comm and compute together: [400,600] (backward); HTA overlap = 200 / 400
+    assert r["overlap"] == 200
 
 
 def test_async_comm_exposed_only_where_nothing_else_runs():
@@ -58,7 +60,8 @@ def test_events_outside_steps_are_ignored_and_shares_weighted():
     assert list(steps["rank"]) == [0, 1]
     sh = breakdown.shares(steps)
     assert sh == pytest.approx({"data": 10.0, "comm": 20.0, "compute": 60.0, "other": 10.0,
-                                "comm_busy": 40.0, "data_busy": 10.0, "compute_busy": 60.0})
+                                "comm_busy": 40.0, "data_busy": 10.0, "compute_busy": 60.0,
+                                "overlap": 50.0})
 
 
 def test_warmup_rule():

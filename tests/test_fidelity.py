@@ -24,7 +24,7 @@ def test_data_share_within_one_point(record):
     row = report.tables["breakdown"].frame.iloc[0]
     assert abs(row["data_pct"] - truth) <= 1.0, (row["data_pct"], truth)
     parts = row[["comm_pct", "data_pct", "compute_pct", "other_pct"]].sum()
-    assert abs(parts - 100.0) < 1e-6
+    assert abs(parts - 100.0) < 1e-4  # per-step times are stored as float32
     # throughput agrees with the script's own clock (its step times, same steps)
     script_rate = sum(len(r["step_ns"][warmup:]) * r["batch"] / (sum(r["step_ns"][warmup:]) / 1e9)
                       for r in res.values())

@@ -129,7 +129,7 @@ def test_one_bad_among_several_names_it(tmp_path, capsys):
 def test_output_formats_and_files(tmp_path, capsys):
     path = good_trace(tmp_path / "t.parquet", n_steps=4)
     for fmt, needle in (("table", "Breakdown per GPU count"), ("md", "| configuration |"),
-                        ("csv", "# table: breakdown"), ("json", '"tables"')):
+                        ("csv", "# table: breakdown"), ("json", '"tables"'), ("html", "<table>")):
         assert main(["report", path, "--format", fmt]) == 0
         assert needle in capsys.readouterr().out
     out = tmp_path / "rep.md"
@@ -137,5 +137,6 @@ def test_output_formats_and_files(tmp_path, capsys):
     assert out.read_text().startswith("# commprof report")
     d = tmp_path / "files"
     assert main(["report", path, "--out-dir", str(d)]) == 0
-    assert sorted(os.listdir(d)) == ["breakdown.csv", "collectives.csv", "report.json", "report.md",
-                                     "report.txt"]
+    assert sorted(os.listdir(d)) == ["bottlenecks.csv", "breakdown.csv", "collectives.csv", "report.html",
+                                     "report.json", "report.md", "report.txt", "skew.csv", "stragglers.csv",
+                                     "study.csv"]

@@ -17,6 +17,8 @@ class Table:
     title: str
     frame: pd.DataFrame
     columns: List[ColumnSpec]
+    #: "table", or "list" for long-text tables (one block per row in text output)
+    style: str = "table"
 
 
 @dataclass
@@ -25,6 +27,8 @@ class Report:
     tables: Dict[str, Table]
     notes: List[str] = field(default_factory=list)
     runs: List[dict] = field(default_factory=list)
+    #: renderer-specific data computed by analyzers (e.g. timelines for html)
+    extras: Dict[str, object] = field(default_factory=dict)
 
 
 def fmt(value, spec: str) -> str:
@@ -54,10 +58,11 @@ def get(name: str):
     from .csvrenderer import CsvRenderer
     from .jsonrenderer import JsonRenderer
     from .markdown import MarkdownRenderer
+    from .html import HtmlRenderer
     from .terminal import TerminalRenderer
 
     renderers = {"table": TerminalRenderer, "md": MarkdownRenderer, "csv": CsvRenderer,
-                 "json": JsonRenderer}
+                 "json": JsonRenderer, "html": HtmlRenderer}
     if name not in renderers:
         raise ValueError(f"unknown format {name!r}; choose from {', '.join(renderers)}")
     return renderers[name]()
@@ -65,4 +70,5 @@ def get(name: str):
 
 def format_for_path(path: str) -> Optional[str]:
     ext = os.path.splitext(path)[1].lower()
-    return {".md": "md", ".csv": "csv", ".json": "json", ".txt": "table"}.get(ext)
+    return {".md": "md", ".csv": "csv", ".json": "json", ".txt": "table", ".html": "html",
+            ".htm": "html"}.get(ext)

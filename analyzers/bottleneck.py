@@ -1,0 +1,134 @@
+"""Bottleneck report: which category bounds each configuration at each GPU
+count, the evidence, and what a practitioner would try.
+
+Rules (thresholds are shares of step time unless said otherwise):
+- data-bound when exposed data wait >= 10 %: more DataLoader workers,
+  pinned memory and prefetch, or DALI (GPU decoding); a DALI run that is
+  still data-bound points at storage / the input pipeline itself;
+- communication-bound when exposed communication >= 20 %; then
+  * many small collectives (>= 8 calls per step with a median of < 1 MiB):
+    raise DDP ``bucket_cap_mb`` / Horovod's fusion threshold;
+  * low overlap (< 50 % of communication time runs under compute): DDP
+    overlaps only within backward — check ``find_unused_parameters``,
+    ``static_graph=True``, ``gradient_as_bucket_view=True``; for ZeRO,
+    ``overlap_comm``;
+  * large arrival skew (peers wait > 30 % of collective time): fix the
+    imbalance first (see stragglers);
+  * otherwise bandwidth-bound: fewer bytes (bf16/fp16 gradients, gradient
+    compression hooks), a larger per-rank batch, or for DeepSpeed a lower
+    ZeRO stage if memory allows;
+- compute-bound when compute >= 60 %: scaling is efficient; speed up the
+  model itself (AMP, channels_last, cuDNN benchmark mode, larger batch);
+- "other" >= 20 %: time outside any recorded region (Python glue,
+  logging, host-device syncs): profile the loop body;
+- persistent stragglers are always reported.
+Trends: for each configuration, how each share changes from the smallest
+to the largest GPU count.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+import pandas as pd
+
+DATA_BOUND, COMM_BOUND, COMPUTE_BOUND, OTHER_BOUND = 10.0, 20.0, 60.0, 20.0
+
+
+def _fmt_pct(v) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.1f} %"
+
+
+def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.DataFrame],
+             straggler: Dict[tuple, pd.DataFrame]) -> pd.DataFrame:
+    """One row per finding: config, gpus, bound, finding, evidence, advice."""
+    rows: List[dict] = []
+    for _, r in breakdown.iterrows():
+        key = (r["config"], r["gpus"])
+        base = {"config": r["config"], "gpus": int(r["gpus"])}
+        shares = {"data": r["data_pct"], "communication": r["comm_pct"], "compute": r["compute_pct"],
+                  "other": r["other_pct"]}
+        bound = max(shares, key=lambda k: -1 if pd.isna(shares[k]) else shares[k])
+        ev_shares = (f"step time: comm {_fmt_pct(r['comm_pct'])}, data {_fmt_pct(r['data_pct'])}, "
+                     f"compute {_fmt_pct(r['compute_pct'])}, other {_fmt_pct(r['other_pct'])}")
+        if r["data_pct"] >= DATA_BOUND:
+            loader = str(r.get("loader") or "")
+            if loader == "dali":
+                advice = ("the DALI pipeline itself cannot keep up: more DALI threads, prefetch queue depth, "
+                          "faster storage or pre-resized data")
+            else:
+                w = r.get("loader_workers")
+                wtxt = f" (now {int(w)})" if w is not None and not pd.isna(w) else ""
+                advice = (f"more DataLoader workers{wtxt}, pin_memory=True, persistent_workers, a larger "
+                          "prefetch_factor; or NVIDIA DALI to decode and augment on the GPU")
+            rows.append({**base, "bound": bound, "finding": "data loading stalls training",
+                         "evidence": f"data wait {_fmt_pct(r['data_pct'])} of {ev_shares}", "advice": advice})
+        if r["comm_pct"] >= COMM_BOUND:
+            c = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"])] if len(colls) else colls
+            calls_per_step = float(c["calls_per_step"].sum()) if len(c) else 0.0
+            med_bytes = float(np.average(c["bytes_per_call"], weights=c["calls"])) if len(c) and c["calls"].sum() else 0.0
+            overlap = r.get("overlap_pct", np.nan)
+            sk = skew.get(key)
+            wait = float(np.nanmax(sk["wait_pct"])) if sk is not None and len(sk) else np.nan
+            evidence = (f"exposed comm {_fmt_pct(r['comm_pct'])} of step time, overlap "
+                        f"{_fmt_pct(overlap)}, {calls_per_step:.1f} collectives/step averaging "
+                        f"{med_bytes / 2**20:.2f} MiB")
+            if calls_per_step >= 8 and med_bytes < 2**20:
+                rows.append({**base, "bound": bound, "finding": "many small collectives",
+                             "evidence": evidence, "advice": "fuse them: raise DDP bucket_cap_mb (default 25) "
+                             "or HOROVOD_FUSION_THRESHOLD; avoid per-parameter collectives"})
+            if not pd.isna(overlap) and overlap < 50:
+                rows.append({**base, "bound": bound, "finding": "communication is not hidden behind compute",
+                             "evidence": evidence,
+                             "advice": "overlap gradient reduction with backward: DDP with static_graph=True "
+                                       "and gradient_as_bucket_view=True, avoid find_unused_parameters; "
+                                       "DeepSpeed overlap_comm=true; Horovod backward_passes_per_step"})
+            if not pd.isna(wait) and wait > 30:
+                rows.append({**base, "bound": bound, "finding": "ranks wait for late peers in collectives",
+                             "evidence": f"{evidence}; {wait:.0f} % of collective time is arrival skew",
+                             "advice": "fix the imbalance before tuning the network (see stragglers)"})
+            rows.append({**base, "bound": bound, "finding": "communication-bound",
+                         "evidence": evidence,
+                         "advice": "send fewer bytes (fp16/bf16 gradients or a compression comm hook), "
+                                   "a larger per-rank batch, hierarchical/NCCL tuning; DeepSpeed: the lowest "
+                                   "ZeRO stage that fits in memory"})
+        if r["compute_pct"] >= COMPUTE_BOUND:
+            rows.append({**base, "bound": bound, "finding": "compute-bound (scales well)", "evidence": ev_shares,
+                         "advice": "speed up the model itself: mixed precision, channels_last, cuDNN "
+                                   "benchmark mode, a larger batch per GPU"})
+        if r["other_pct"] >= OTHER_BOUND:
+            rows.append({**base, "bound": bound, "finding": "time outside recorded regions", "evidence": ev_shares,
+                         "advice": "profile the loop body: logging, .item()/host syncs, Python overheads"})
+        st = straggler.get(key)
+        if st is not None and len(st):
+            for _, s in st.iterrows():
+                rows.append({**base, "bound": bound, "finding": f"straggler: rank {int(s['rank'])} ({s['metric']})",
+                             "evidence": f"late in {s['late_pct']:.0f} % of steps by {s['excess_ms']:.2f} ms "
+                                         f"on average ({s['value_ms']:.2f} vs median {s['median_ms']:.2f} ms)",
+                             "advice": "check that rank's host (thermal/clock throttling, noisy neighbours, "
+                                       "slower storage or data shard), its data pipeline and its GPU"})
+        if not any(x["config"] == r["config"] and x["gpus"] == r["gpus"] for x in rows):
+            rows.append({**base, "bound": bound, "finding": f"{bound} dominates", "evidence": ev_shares,
+                         "advice": "no single bottleneck above the thresholds"})
+    rows += trends(breakdown)
+    return pd.DataFrame(rows, columns=["config", "gpus", "bound", "finding", "evidence", "advice"])
+
+
+def trends(breakdown: pd.DataFrame) -> List[dict]:
+    out = []
+    for config, g in breakdown.groupby("config"):
+        g = g.sort_values("gpus")
+        if len(g) < 2:
+            continue
+        a, b = g.iloc[0], g.iloc[-1]
+        parts = []
+        for col, name in (("comm_pct", "communication"), ("data_pct", "data loading"),
+                          ("compute_pct", "compute")):
+            parts.append(f"{name} share {'grows' if b[col] > a[col] else 'falls'} from {a[col]:.1f} % at "
+                         f"{int(a['gpus'])} to {b[col]:.1f} % at {int(b['gpus'])} GPUs")
+        eff = b.get("efficiency_pct")
+        if eff is not None and not pd.isna(eff):
+            parts.append(f"parallel efficiency {eff:.0f} % at {int(b['gpus'])} GPUs")
+        out.append({"config": config, "gpus": int(b["gpus"]), "bound": "trend", "finding": "scaling trend",
+                    "evidence": "; ".join(parts), "advice": ""})
+    return out
