@@ -75,6 +75,45 @@ def per_call(events: pd.DataFrame) -> pd.DataFrame:
     return c
 
 
+def _codes(col):
+    """Dictionary codes (-1 for null) and the dictionary's values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if pa.types.is_null(col.type):
+        return np.full(len(col), -1, np.int64), []
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    idx = col.indices
+    codes = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, [str(v) for v in col.dictionary.to_pylist()]
+
+
+def _num(table, name, dtype, fill):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if name not in table.column_names:
+        return np.full(table.num_rows, fill, dtype=dtype)
+    col = table.column(name)
+    if pa.types.is_null(col.type):
+        return np.full(table.num_rows, fill, dtype=dtype)
+    if col.null_count:
+        col = pc.fill_null(col.cast(pa.float64()) if dtype == np.float64 else col, fill)
+    return col.to_numpy().astype(dtype, copy=False)
+
+
+def _groups(key: np.ndarray):
+    """(key value, indices) for each distinct key (sort-based)."""
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    cuts = np.flatnonzero(np.diff(sk)) + 1
+    for part in np.split(order, cuts):
+        yield key[part[0]], part
+
+
 class CollectiveStats:
     """Accumulates collectives chunk by chunk (each chunk holds whole ranks)."""
 
@@ -84,47 +123,79 @@ class CollectiveStats:
         self._rank_sums: Optional[pd.DataFrame] = None
 
     # -- accumulation --------------------------------------------------------
-    def add(self, events: pd.DataFrame, offsets: Optional[Dict[int, int]] = None) -> None:
-        c = per_call(events)
-        if c.empty:
+    def add(self, comm, offsets: Optional[Dict[int, int]] = None) -> None:
+        """Fold collective events (an Arrow table or DataFrame of comm rows)."""
+        import pyarrow as pa
+
+        if not isinstance(comm, pa.Table):
+            comm = pa.Table.from_pandas(comm, preserve_index=False)
+        n = comm.num_rows
+        if n == 0:
             return
-        self.add_calls(c)
-        self._add_instances(c, offsets or {})
+        op_codes, ops = _codes(comm.column("name"))
+        src_codes, srcs = _codes(comm.column("source"))
+        t0 = _num(comm, "t_start", np.int64, 0)
+        t1 = _num(comm, "t_end", np.int64, 0)
+        nbytes = _num(comm, "bytes", np.float64, np.nan)
+        gsize = _num(comm, "group_size", np.float64, np.nan)
+        lat_s = (t1 - t0).astype(np.float64) / 1e9
+        with np.errstate(divide="ignore", invalid="ignore"):
+            algbw = np.where(lat_s > 0, nbytes / lat_s / 1e9, np.nan)
+        bucket = size_bucket(nbytes)
+        key = (op_codes.astype(np.int64) * 256 + src_codes) * 64 + bucket
+        for k_idx, sel in _groups(key):
+            op = ops[int(key[sel[0]] // 64 // 256)]
+            source = srcs[int(key[sel[0]] // 64 % 256)]
+            b = int(key[sel[0]] % 64)
+            bus = algbw[sel] * bus_factor(op, gsize[sel])
+            self._fold(op, source, b, lat_s[sel] * 1e3, algbw[sel], bus, nbytes[sel], gsize[sel])
+        if "seq" in comm.column_names and "group" in comm.column_names:
+            rank = _num(comm, "rank", np.int64, 0)
+            off = np.array([offsets.get(int(r), 0) for r in rank], np.int64) if offsets else 0
+            g_codes, groups = _codes(comm.column("group"))
+            seq = _num(comm, "seq", np.int64, -1)
+            ok = (seq >= 0) & (g_codes >= 0)
+            frame = pd.DataFrame({"group": np.asarray(groups, dtype=object)[g_codes[ok]] if ok.any() else [],
+                                  "seq": seq[ok], "op": np.asarray(ops, dtype=object)[op_codes[ok]],
+                                  "rank": rank[ok], "ts": (t0 + off)[ok], "te": (t1 + off)[ok],
+                                  "bytes": nbytes[ok]})
+            self._add_instances(frame)
 
     def add_calls(self, c: pd.DataFrame) -> None:
         """Fold a per_call frame into the per (op, source, size bucket) sketches."""
         c = c.assign(source=c["source"].astype(str))
         for (op, source, bucket), g in c.groupby(["op", "source", "size_bucket"], sort=False):
-            acc = self.calls.get((op, source, bucket))
-            if acc is None:
-                acc = self.calls[(op, source, bucket)] = {
-                    "lat": Sketch(), "algbw": Sketch(), "busbw": Sketch(), "bytes": 0.0, "group_size": 0}
-            acc["lat"].add(g["latency_s"].to_numpy() * 1e3)
-            acc["algbw"].add(g["algbw"].to_numpy())
-            acc["busbw"].add(g["busbw"].to_numpy())
-            acc["bytes"] += float(np.nansum(g["bytes"].to_numpy(dtype=np.float64)))
-            gs = g["group_size"].max()
-            acc["group_size"] = max(acc["group_size"], int(gs) if pd.notna(gs) else 0)
+            self._fold(op, source, bucket, g["latency_s"].to_numpy() * 1e3, g["algbw"].to_numpy(),
+                       g["busbw"].to_numpy(), g["bytes"].to_numpy(dtype=np.float64),
+                       g["group_size"].to_numpy(dtype=np.float64))
 
-    def _add_instances(self, c: pd.DataFrame, offsets: Dict[int, int]) -> None:
-        c = c[c["seq"].notna() & c["group"].notna()]
+    def _fold(self, op, source, bucket, lat_ms, algbw, busbw, nbytes, gsize) -> None:
+        acc = self.calls.get((op, source, bucket))
+        if acc is None:
+            acc = self.calls[(op, source, bucket)] = {
+                "lat": Sketch(), "algbw": Sketch(), "busbw": Sketch(), "bytes": 0.0, "group_size": 0}
+        acc["lat"].add(lat_ms)
+        acc["algbw"].add(algbw)
+        acc["busbw"].add(busbw)
+        acc["bytes"] += float(np.nansum(nbytes))
+        if len(gsize) and not np.isnan(gsize).all():
+            acc["group_size"] = max(acc["group_size"], int(np.nanmax(gsize)))
+
+    def _add_instances(self, c: pd.DataFrame) -> None:
         if c.empty:
             return
-        off = c["rank"].map(offsets).fillna(0).astype(np.int64) if offsets else 0
-        c = c.assign(ts=c["t_start"].astype(np.int64) + off, te=c["t_end"].astype(np.int64) + off,
-                     group=c["group"].astype(str), seq=c["seq"].astype(np.int64))
         keys = ["group", "seq"]
         g = c.groupby(keys, sort=False)
         agg = g.agg(op=("op", "first"), min_start=("ts", "min"), max_start=("ts", "max"),
                     sum_end=("te", "sum"), n=("ts", "size"), bytes=("bytes", "max"))
-        agg["last_rank"] = c.loc[g["ts"].idxmax().to_numpy(), "rank"].to_numpy()
+        agg["last_rank"] = c["rank"].to_numpy()[g["ts"].idxmax().to_numpy()]
         agg = agg.reset_index()
         if self._inst is not None:
             both = pd.concat([self._inst, agg], ignore_index=True)
             gb = both.groupby(keys, sort=False)
             merged = gb.agg(op=("op", "first"), min_start=("min_start", "min"), max_start=("max_start", "max"),
                             sum_end=("sum_end", "sum"), n=("n", "sum"), bytes=("bytes", "max"))
-            merged["last_rank"] = both.loc[gb["max_start"].idxmax().to_numpy(), "last_rank"].to_numpy()
+            merged["last_rank"] = both["last_rank"].to_numpy()[gb["max_start"].idxmax().to_numpy()]
             agg = merged.reset_index()
         self._inst = agg
         sums = c.groupby(["rank", "group"], sort=False).agg(sum_start=("ts", "sum"), n=("ts", "size")).reset_index()

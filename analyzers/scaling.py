@@ -93,21 +93,52 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     colls = CollectiveStats()
     offsets = clock_offsets(rank_metas)
     tl = pd.DataFrame()
-    for chunk in chunks:
+
+    def work(chunk):
         ev = Events.of(chunk)
         steps = breakdown.measured(breakdown.per_step(ev), warmup)
         if steps.empty:
-            continue
-        parts.append(steps.astype(_COMPACT))
+            return steps, None
+        comm = None
         is_comm = ev.cat == 3
         if is_comm.any():
-            lo = steps.groupby("rank")["step"].min()
-            hi = steps.groupby("rank")["step"].max()
-            comm = chunk.filter(pa_mask(is_comm)).to_pandas()
-            keep = comm["rank"].map(lo).le(comm["step"]) & comm["rank"].map(hi).ge(comm["step"])
-            colls.add(comm[keep.fillna(False).to_numpy(bool)], offsets)
-        if want_timeline and tl.empty:
-            tl = timeline(_small_window(chunk, steps), steps)
+            span = steps.groupby("rank")["step"].agg(["min", "max"])
+            ranks = span.index.to_numpy(np.int64)
+            pos = np.clip(np.searchsorted(ranks, ev.rank), 0, len(ranks) - 1)
+            keep = is_comm & (ranks[pos] == ev.rank) & (ev.step >= span["min"].to_numpy()[pos]) \
+                & (ev.step <= span["max"].to_numpy()[pos])
+            comm = chunk.filter(pa_mask(keep))
+        return steps.astype(_COMPACT), comm
+
+    # Two chunks in flight: numpy's sorts and scans release the GIL, so the
+    # sweep of one chunk runs beside the decoding / folding of another.
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pending: deque = deque()
+        chunks = iter(chunks)
+        done = False
+        while pending or not done:
+            while not done and len(pending) < 2:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    done = True
+                    break
+                pending.append((chunk, pool.submit(work, chunk)))
+            if not pending:
+                break
+            chunk, fut = pending.popleft()
+            steps, comm = fut.result()
+            if steps.empty:
+                continue
+            parts.append(steps)
+            if comm is not None:
+                colls.add(comm, offsets)
+            if want_timeline and tl.empty:
+                tl = timeline(_small_window(chunk, steps), steps)
+            del chunk
     steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=breakdown.STEP_COLUMNS)
     meta = dict(meta)
     if batch_size is not None:

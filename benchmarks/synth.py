@@ -23,62 +23,88 @@ from commprof.recorder import shard_name, write_trace  # noqa: E402
 from commprof.trace import merge  # noqa: E402
 
 
+def _dict(indices, values):
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(values, pa.string()))
+
+
 def rank_table(rank, world, steps, buckets, seed=0):
+    """One rank's events, fully vectorised (about 10 M events/s)."""
     rng = np.random.default_rng(seed * 100003 + rank)
     slow = 1.15 if rank == world // 3 else 1.0
-    per_step = 7 + buckets + (1 if buckets else 0)
-    n = steps * per_step
-    cols = {k: [] for k in schema.EVENT_COLUMNS}
-    t = 1_000_000_000 + rank * 1000
-    bucket_bytes = int(97_000_000 / max(buckets, 1))
-    for s in range(steps):
-        d = int(rng.normal(8e6, 1e6) * slow)
-        fw = int(rng.normal(30e6, 2e6) * slow)
-        loss = int(rng.normal(0.3e6, 0.05e6))
-        bw = int(rng.normal(60e6, 3e6) * slow)
-        opt = int(rng.normal(5e6, 0.5e6))
-        start = t
-        ev = [("data", "dataloader", "DataLoader", "_MultiProcessingDataLoaderIter", t, t + d, 256)]
-        t += d
-        ev.append(("compute", "forward", "nn.Module", "DistributedDataParallel(ResNet)", t, t + fw, 256))
-        t += fw
-        ev.append(("compute", "forward", "nn.Module", "CrossEntropyLoss", t, t + loss, 256))
-        t += loss
-        b0 = t
-        comm = []
-        issue = b0
-        for b in range(buckets):
-            issue = b0 + int(bw * (b + 1) / (buckets + 1))
-            lat = int(rng.normal(9e6, 1e6))
-            comm.append(("comm", "all_reduce", "ddp_reducer", "default", issue, issue + lat, None, b))
-        last_issue = issue if buckets else b0 + bw
-        ev.append(("compute", "backward", "autograd", None, b0, last_issue, None))
-        end_bw = max([c[5] for c in comm] + [b0 + bw])
-        if buckets:
-            ev.append(("wait", "comm_wait", "autograd", "backward", last_issue, end_bw, None))
-        t = end_bw
-        ev.append(("compute", "optimizer", "torch.optim", "SGD", t, t + opt, None))
-        t += opt
-        ev.append(("step", "step", "torch.optim", None, start, t, 256))
-        for cat, name, src, det, a, b, items in ev:
-            for k, v in (("step", s), ("category", cat), ("name", name), ("source", src), ("detail", det),
-                         ("t_start", a), ("t_end", b), ("dev_start", None), ("dev_end", None),
-                         ("bytes", None), ("dtype", None), ("group", None), ("group_size", None),
-                         ("seq", None), ("blocking", None), ("items", items), ("value", None)):
-                cols[k].append(v)
-        for cat, name, src, det, a, b, _, bi in comm:
-            for k, v in (("step", s), ("category", cat), ("name", name), ("source", src), ("detail", det),
-                         ("t_start", a), ("t_end", b), ("dev_start", None), ("dev_end", None),
-                         ("bytes", bucket_bytes), ("dtype", "torch.float32"), ("group", "0"),
-                         ("group_size", world), ("seq", s * buckets + bi), ("blocking", False),
-                         ("items", None), ("value", None)):
-                cols[k].append(v)
-    arrays = []
-    for f in schema.EVENT_FIELDS:
-        a = pa.array(cols[f.name], type=f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
-        arrays.append(a.dictionary_encode() if pa.types.is_dictionary(f.type) else a)
-    batch = pa.RecordBatch.from_arrays(arrays, schema=schema.JOURNAL_SCHEMA)
-    return pa.Table.from_batches([schema.add_rank(batch, rank)])
+    B = buckets
+    d = (rng.normal(8e6, 1e6, steps) * slow).astype(np.int64)
+    fw = (rng.normal(30e6, 2e6, steps) * slow).astype(np.int64)
+    loss = rng.normal(0.3e6, 0.05e6, steps).astype(np.int64)
+    bw = (rng.normal(60e6, 3e6, steps) * slow).astype(np.int64)
+    opt = rng.normal(5e6, 0.5e6, steps).astype(np.int64)
+    lat = rng.normal(9e6, 1e6, (steps, max(B, 1))).astype(np.int64)[:, :B]
+    frac = (np.arange(1, B + 1) / (B + 1))[None, :]
+    issue_rel = (bw[:, None] * frac).astype(np.int64)                    # from backward start
+    end_bw_rel = np.maximum(bw, (issue_rel + lat).max(axis=1) if B else bw)
+    last_issue_rel = issue_rel[:, -1] if B else bw
+    dur = d + fw + loss + end_bw_rel + opt
+    start = 1_000_000_000 + rank * 1000 + np.concatenate([[0], np.cumsum(dur)[:-1]])
+    b0 = start + d + fw + loss
+    # slots: data, fwd, loss, backward, [wait], optimizer, step, buckets...
+    ts = [start, start + d, start + d + fw, b0]
+    te = [start + d, start + d + fw, b0, b0 + last_issue_rel]
+    cat = [1, 2, 2, 2]
+    name = [0, 1, 1, 2]
+    src = [0, 1, 1, 2]
+    det = [0, 1, 2, -1]
+    items = [256, 256, 256, -1]
+    if B:
+        ts.append(b0 + last_issue_rel); te.append(b0 + end_bw_rel)
+        cat.append(4); name.append(3); src.append(2); det.append(3); items.append(-1)
+    ts += [b0 + end_bw_rel, start]
+    te += [b0 + end_bw_rel + opt, start + dur]
+    cat += [2, 0]; name += [4, 5]; src += [3, 3]; det += [4, -1]; items += [-1, 256]
+    k = len(ts)
+    n = steps * (k + B)
+    t_start = np.empty((steps, k + B), np.int64)
+    t_end = np.empty((steps, k + B), np.int64)
+    for j in range(k):
+        t_start[:, j], t_end[:, j] = ts[j], te[j]
+    if B:
+        t_start[:, k:] = b0[:, None] + issue_rel
+        t_end[:, k:] = t_start[:, k:] + lat
+    slot = np.tile(np.arange(k + B), steps)
+    is_b = slot >= k
+    sl = np.minimum(slot, k - 1)
+    cat_i = np.where(is_b, 3, np.array(cat)[sl])
+    name_i = np.where(is_b, 6, np.array(name)[sl])
+    src_i = np.where(is_b, 4, np.array(src)[sl])
+    det_i = np.where(is_b, 5, np.array(det)[sl])
+    items_a = np.where(is_b, -1, np.array(items)[sl])
+    step = np.repeat(np.arange(steps, dtype=np.int32), k + B)
+    seq = np.where(is_b, step.astype(np.int64) * max(B, 1) + (slot - k), -1)
+    nullmask = ~is_b
+    cats = ["step", "data", "compute", "comm", "wait"]
+    cols = {
+        "rank": pa.array(np.full(n, rank, np.int32)),
+        "step": pa.array(step),
+        "category": _dict(cat_i, cats),
+        "name": _dict(name_i, ["dataloader", "forward", "backward", "comm_wait", "optimizer", "step", "all_reduce"]),
+        "source": _dict(src_i, ["DataLoader", "nn.Module", "autograd", "torch.optim", "ddp_reducer"]),
+        "detail": pa.DictionaryArray.from_arrays(
+            pa.array(det_i, pa.int32(), mask=det_i < 0),
+            pa.array(["_MultiProcessingDataLoaderIter", "DistributedDataParallel(ResNet)", "CrossEntropyLoss",
+                      "backward", "SGD", "default"])),
+        "t_start": pa.array(t_start.ravel()),
+        "t_end": pa.array(t_end.ravel()),
+        "dev_start": pa.nulls(n, pa.int64()),
+        "dev_end": pa.nulls(n, pa.int64()),
+        "bytes": pa.array(np.full(n, int(97_000_000 / max(B, 1)), np.int64), mask=nullmask),
+        "dtype": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32), mask=nullmask),
+                                                pa.array(["torch.float32"])),
+        "group": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32), mask=nullmask), pa.array(["0"])),
+        "group_size": pa.array(np.full(n, world, np.int32), mask=nullmask),
+        "seq": pa.array(seq, mask=nullmask),
+        "blocking": pa.array(np.zeros(n, bool), mask=nullmask),
+        "items": pa.array(items_a.astype(np.int64), mask=items_a < 0),
+        "value": pa.nulls(n, pa.float64()),
+    }
+    return pa.Table.from_arrays([cols[f.name] for f in schema.TRACE_SCHEMA], schema=schema.TRACE_SCHEMA)
 
 
 def write(out_dir, ranks, steps, buckets=4):

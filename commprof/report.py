@@ -61,7 +61,7 @@ NOTES = [
 
 
 def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = None,
-            group_by: Optional[Sequence[str]] = None, chunk_rows: int = 4_000_000):
+            group_by: Optional[Sequence[str]] = None, chunk_rows: int = 1_000_000):
     """Load every path and return (Report, list of RunAnalysis)."""
     from analyzers import bottleneck, scaling
     from analyzers.renderers import Report, Table

@@ -127,6 +127,8 @@ def conform(table: pa.Table, version: int) -> pa.Table:
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
         raise TraceFormatError("missing required column(s): " + ", ".join(missing))
+    if table.schema.remove_metadata().equals(TRACE_SCHEMA):
+        return table
     cols = []
     for field in TRACE_SCHEMA:
         if field.name in table.column_names:

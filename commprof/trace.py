@@ -196,7 +196,7 @@ def iter_chunks(path: str, columns: Optional[Sequence[str]] = None,
     pending: List[pa.Table] = []
     rows = 0
 
-    def flush():
+    def flush():  # shard folders
         nonlocal pending, rows
         out = pa.concat_tables(pending, promote_options="permissive").unify_dictionaries() \
             if len(pending) > 1 else pending[0]
@@ -220,26 +220,38 @@ def iter_chunks(path: str, columns: Optional[Sequence[str]] = None,
     cols = [c for c in (columns or names) if c in names]
     rank_idx = names.index("rank")
     md = pf.metadata
-    last_rank = None
+    # Plan chunks from the row-group statistics, then read each chunk's row
+    # groups in one multi-threaded call; the next chunk is read in the
+    # background while the caller analyses the current one.
+    plan: List[List[int]] = [[]]
+    rows, last_rank = 0, None
     for i in range(md.num_row_groups):
         stats = md.row_group(i).column(rank_idx).statistics
-        lo = hi = None
-        if stats is not None and stats.has_min_max:
-            lo, hi = stats.min, stats.max
-        if pending and rows >= max_rows and (lo is None or lo != last_rank):
-            yield flush()
+        lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
+        if plan[-1] and rows >= max_rows and (lo is None or lo != last_rank):
+            plan.append([])
+            rows = 0
+        plan[-1].append(i)
+        rows += md.row_group(i).num_rows
+        last_rank = hi
+    plan = [p for p in plan if p]
+
+    def read(groups):
         try:
-            t = pf.read_row_group(i, columns=cols)
+            t = pf.read_row_groups(groups, columns=cols, use_threads=True)
         except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
             raise TraceFormatError(f"{where}: truncated or corrupt Parquet ({_first_line(exc)})") from exc
         t = schema.conform(t, version)
-        if columns:
-            t = t.select([c for c in columns if c in t.column_names])
-        pending.append(t)
-        rows += t.num_rows
-        last_rank = hi
-    if pending:
-        yield flush()
+        return t.select([c for c in columns if c in t.column_names]) if columns else t
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(read, plan[0]) if plan else None
+        for k in range(len(plan)):
+            table = future.result()
+            future = pool.submit(read, plan[k + 1]) if k + 1 < len(plan) else None
+            yield table
 
 
 # ------------------------------------------------------------------ merging

@@ -1,0 +1,82 @@
+"""Speed and peak memory of ``commprof report`` on large synthetic traces
+(not a test).
+
+Writes a merged trace of about ``--events`` events (``benchmarks/synth.py``
+shape: 11 events per rank and step with 4 DDP buckets), then times
+
+- a bare scan: ``pyarrow.parquet.read_table`` of the columns the report
+  reads (best of 3), and
+- ``commprof report TRACE --format json -o /dev/null`` as a separate
+  process (best of ``--repeats``), with its peak resident memory
+  (``ru_maxrss`` of the child).
+
+    python benchmarks/report_speed.py --events 10000000 --ranks 64
+    python benchmarks/report_speed.py --events 100000000 --ranks 128 --repeats 1
+"""
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import pyarrow.parquet as pq  # noqa: E402
+
+from commprof.report import REPORT_COLUMNS  # noqa: E402
+from commprof.trace import merge  # noqa: E402
+from synth import write  # noqa: E402
+
+EVENTS_PER_STEP = 11
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, default=10_000_000)
+    p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dir", default="/tmp/commprof-bench")
+    p.add_argument("--keep", action="store_true")
+    args = p.parse_args()
+    steps = max(1, args.events // (args.ranks * EVENTS_PER_STEP))
+    out = os.path.join(args.dir, f"{args.ranks}x{steps}")
+    path = os.path.join(out, "trace.parquet")
+    if not os.path.exists(path):
+        t0 = time.perf_counter()
+        shutil.rmtree(out, ignore_errors=True)
+        shard_dir, n = write(out, args.ranks, steps)
+        merge(shard_dir, path, {"run_id": "bench"})
+        shutil.rmtree(shard_dir)
+        print(f"generated {n:,} events in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    n = pq.ParquetFile(path).metadata.num_rows
+    size = os.path.getsize(path)
+    scans = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        pq.read_table(path, columns=REPORT_COLUMNS)
+        scans.append(time.perf_counter() - t0)
+    runs = []
+    for _ in range(args.repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "commprof", "report", path, "--format", "json",
+                               "-o", os.devnull], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode:
+            sys.exit(proc.stderr)
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        runs.append((wall, max(rss, before)))
+    best = min(r[0] for r in runs)
+    peak = max(r[1] for r in runs) / 1024
+    print(f"| {n:,} events ({args.ranks} ranks x {steps:,} steps, {size / 1e6:.0f} MB) "
+          f"| {min(scans):.2f} s | {best:.2f} s | x{best / min(scans):.1f} | {peak:.0f} MiB |")
+    if not args.keep:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
