@@ -108,7 +108,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             keep = is_comm & (ranks[pos] == ev.rank) & (ev.step >= span["min"].to_numpy()[pos]) \
                 & (ev.step <= span["max"].to_numpy()[pos])
             comm = chunk.filter(pa_mask(keep))
-        return steps.astype(_COMPACT), comm
+        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), comm
 
     # Two chunks in flight: numpy's sorts and scans release the GIL, so the
     # sweep of one chunk runs beside the decoding / folding of another.
@@ -139,7 +139,9 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             if want_timeline and tl.empty:
                 tl = timeline(_small_window(chunk, steps), steps)
             del chunk
-    steps = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=breakdown.STEP_COLUMNS)
+    steps = pd.concat(parts, ignore_index=True) if parts else \
+        pd.DataFrame(columns=[c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")])
+    del parts
     meta = dict(meta)
     if batch_size is not None:
         meta["batch_size"] = batch_size
@@ -171,6 +173,8 @@ def _groups(runs: List[RunAnalysis]) -> Dict[tuple, List[RunAnalysis]]:
 
 
 def _steps_of(members: List[RunAnalysis]) -> pd.DataFrame:
+    if len(members) == 1:
+        return members[0].steps
     frames = []
     for i, r in enumerate(members):
         s = r.steps.copy()

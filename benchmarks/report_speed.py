@@ -7,15 +7,15 @@ shape: 11 events per rank and step with 4 DDP buckets), then times
 - a bare scan: ``pyarrow.parquet.read_table`` of the columns the report
   reads (best of 3), and
 - ``commprof report TRACE --format json -o /dev/null`` as a separate
-  process (best of ``--repeats``), with its peak resident memory
-  (``ru_maxrss`` of the child).
+  process (best of ``--repeats``), with its peak resident memory as
+  ``/usr/bin/time -f %M`` reports it (the trace is generated in another
+  process first: a child's ru_maxrss would include the forking parent's).
 
     python benchmarks/report_speed.py --events 10000000 --ranks 64
     python benchmarks/report_speed.py --events 100000000 --ranks 128 --repeats 1
 """
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -41,17 +41,22 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default="/tmp/commprof-bench")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     steps = max(1, args.events // (args.ranks * EVENTS_PER_STEP))
     out = os.path.join(args.dir, f"{args.ranks}x{steps}")
     path = os.path.join(out, "trace.parquet")
-    if not os.path.exists(path):
+    if args.generate_only:
         t0 = time.perf_counter()
         shutil.rmtree(out, ignore_errors=True)
         shard_dir, n = write(out, args.ranks, steps)
         merge(shard_dir, path, {"run_id": "bench"})
         shutil.rmtree(shard_dir)
         print(f"generated {n:,} events in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, __file__, "--generate-only", "--events", str(args.events),
+                        "--ranks", str(args.ranks), "--dir", args.dir], check=True)
     n = pq.ParquetFile(path).metadata.num_rows
     size = os.path.getsize(path)
     scans = []
@@ -61,15 +66,13 @@ def main():
         scans.append(time.perf_counter() - t0)
     runs = []
     for _ in range(args.repeats):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "commprof", "report", path, "--format", "json",
-                               "-o", os.devnull], capture_output=True, text=True)
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "commprof", "report", path,
+                               "--format", "json", "-o", os.devnull], capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode:
             sys.exit(proc.stderr)
-        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        runs.append((wall, max(rss, before)))
+        runs.append((wall, int(proc.stderr.strip().splitlines()[-1])))
     best = min(r[0] for r in runs)
     peak = max(r[1] for r in runs) / 1024
     print(f"| {n:,} events ({args.ranks} ranks x {steps:,} steps, {size / 1e6:.0f} MB) "

@@ -17,10 +17,11 @@ BREAKDOWN_COLUMNS = [
     ("steps", "steps", "d"),
     ("comm_pct", "comm %", ".1f"), ("data_pct", "data %", ".1f"),
     ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
+    ("comm_pct_rank_min", "comm % min rank", ".1f"), ("comm_pct_rank_max", "comm % max rank", ".1f"),
     ("comm_busy_pct", "comm busy %", ".1f"), ("overlap_pct", "overlap %", ".1f"),
     ("step_ms_median", "step ms p50", ".2f"), ("step_ms_p95", "step ms p95", ".2f"),
     ("steps_per_s", "steps/s", ".3f"), ("samples_per_s", "samples/s", ".1f"),
-    ("batch_per_rank", "batch/rank", ".0f"), ("speedup", "speedup", ".2f"),
+    ("batch_per_rank", "batch/rank", ".0f"), ("epoch_s", "epoch s", ".1f"), ("speedup", "speedup", ".2f"),
     ("efficiency_pct", "eff %", ".1f"), ("imbalance_pct", "imbal %", ".1f"),
 ]
 COLLECTIVE_COLUMNS = [
@@ -61,7 +62,7 @@ NOTES = [
 
 
 def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = None,
-            group_by: Optional[Sequence[str]] = None, chunk_rows: int = 1_000_000):
+            group_by: Optional[Sequence[str]] = None, chunk_rows: int = 500_000):
     """Load every path and return (Report, list of RunAnalysis)."""
     from analyzers import bottleneck, scaling
     from analyzers.renderers import Report, Table

@@ -267,7 +267,7 @@ def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = N
     run["hosts"] = sorted({r.get("host") for r in ranks if r.get("host")})
     run["salvaged_ranks"] = sorted(r.get("rank") for r in ranks if r.get("status") == "salvaged")
     for key in ("torch", "cuda", "backend", "framework", "loader", "loader_workers", "model",
-                "batch_size", "image_size", "horovod", "deepspeed", "dali"):
+                "batch_size", "image_size", "dataset_size", "horovod", "deepspeed", "dali"):
         values = [r.get(key) for r in ranks if r.get(key) is not None]
         if values:
             counts = Counter(json.dumps(v, sort_keys=True) for v in values)

@@ -49,7 +49,7 @@ def fmt(value, spec: str) -> str:
 
 def cells(table: Table) -> List[List[str]]:
     out = []
-    for _, row in table.frame.iterrows():
+    for row in table.frame.to_dict("records"):  # keeps each column's type (iterrows would upcast)
         out.append([fmt(row.get(col), spec) for col, _, spec in table.columns])
     return out
 

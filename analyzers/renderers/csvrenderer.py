@@ -17,7 +17,7 @@ class CsvRenderer:
             cols = [c for c, _, _ in table.columns]
             writer = csv.writer(buf, lineterminator="\n")
             writer.writerow(cols)
-            for _, row in table.frame.iterrows():
+            for row in table.frame.to_dict("records"):
                 writer.writerow(["" if _isna(row.get(c)) else row.get(c) for c in cols])
             out[name] = buf.getvalue()
         return out

@@ -103,8 +103,9 @@ class HtmlRenderer:
                                  "x": [int(v) for v in g["gpus"]],
                                  "y": [None if pd.isna(v) else float(v) for v in g["efficiency_pct"]],
                                  "yaxis": "y2", "line": {"dash": "dot"}})
+            ticks = sorted({int(v) for v in f["gpus"]})
             figs.append(("Throughput and parallel efficiency vs GPU count", {
-                "data": data, "layout": {"xaxis": {"title": "GPUs", "type": "log"},
+                "data": data, "layout": {"xaxis": {"title": "GPUs", "type": "log", "tickvals": ticks},
                                          "yaxis": {"title": "samples/s"},
                                          "yaxis2": {"title": "efficiency %", "overlaying": "y", "side": "right",
                                                     "range": [0, 110]}, "height": 420}}))

@@ -24,7 +24,7 @@ class JsonRenderer:
             "runs": report.runs,
             "tables": {
                 name: [{c: _clean(row.get(c)) for c, _, _ in t.columns}
-                       for _, row in t.frame.iterrows()]
+                       for row in t.frame.to_dict("records")]
                 for name, t in report.tables.items()
             },
             "notes": report.notes,

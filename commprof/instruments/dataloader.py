@@ -29,6 +29,10 @@ class DataLoaderInstrument(Instrument):
                 if "loader" not in rec.run_info:
                     rec.run_info["loader"] = "native"
                     rec.run_info["loader_workers"] = getattr(it, "_num_workers", None)
+                    try:
+                        rec.run_info["dataset_size"] = len(it._dataset)
+                    except Exception:  # iterable datasets have no length
+                        pass
                 rec.nvtx.push("data")
                 t0 = now()
             except Exception as exc:
