@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import breakdown, stragglers, throughput
+from . import breakdown, kernels, stragglers, throughput
 from .collectives import CollectiveStats
 from .events import Events
 from .timeline import timeline
@@ -45,6 +45,8 @@ class RunAnalysis:
     colls: CollectiveStats
     batch_size: Optional[int]
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    kernel_shares: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank
+    gpu_breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank (HTA definitions)
 
     @property
     def n_steps(self) -> int:
@@ -93,12 +95,14 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     colls = CollectiveStats()
     offsets = clock_offsets(rank_metas)
     tl = pd.DataFrame()
+    kshares: List[pd.DataFrame] = []
+    kbreak: List[pd.DataFrame] = []
 
     def work(chunk):
         ev = Events.of(chunk)
         steps = breakdown.measured(breakdown.per_step(ev), warmup)
         if steps.empty:
-            return steps, None
+            return steps, (None, None)
         comm = None
         is_comm = ev.cat == 3
         if is_comm.any():
@@ -108,7 +112,12 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             keep = is_comm & (ranks[pos] == ev.rank) & (ev.step >= span["min"].to_numpy()[pos]) \
                 & (ev.step <= span["max"].to_numpy()[pos])
             comm = chunk.filter(pa_mask(keep))
-        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), comm
+        kern = None
+        is_kernel = ev.cat == 6
+        if is_kernel.any():
+            kt = chunk.filter(pa_mask(is_kernel | (ev.cat == 0))).to_pandas()
+            kern = (kernels.kernel_shares(kt), kernels.temporal_breakdown(kt, hta_window=True))
+        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), (comm, kern)
 
     # Two chunks in flight: numpy's sorts and scans release the GIL, so the
     # sweep of one chunk runs beside the decoding / folding of another.
@@ -130,10 +139,13 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             if not pending:
                 break
             chunk, fut = pending.popleft()
-            steps, comm = fut.result()
+            steps, (comm, kern) = fut.result()
             if steps.empty:
                 continue
             parts.append(steps)
+            if kern is not None:
+                kshares.append(kern[0])
+                kbreak.append(kern[1])
             if comm is not None:
                 colls.add(comm, offsets)
             if want_timeline and tl.empty:
@@ -150,7 +162,9 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     world = int(meta.get("world_size") or 1)
     if meta.get("framework") is None and world == 1:
         meta["framework"] = "none"
-    return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl)
+    return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
+                       pd.concat(kshares, ignore_index=True) if kshares else pd.DataFrame(),
+                       pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame())
 
 
 def pa_mask(mask: np.ndarray):
@@ -183,6 +197,12 @@ def _steps_of(members: List[RunAnalysis]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=breakdown.STEP_COLUMNS)
 
 
+def _nanmean(values) -> float:
+    v = np.asarray([x for x in values if x is not None], dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if len(v) else float("nan")
+
+
 def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
     rows = []
     for (label, gpus), members in _groups(runs).items():
@@ -193,7 +213,7 @@ def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
         tps = [throughput.throughput(r.steps, r.batch_size) for r in members]
         lo, hi = breakdown.rank_spread(steps, "comm")
         meta = members[0].meta
-        samples = float(np.nanmean([t["samples_per_s"] for t in tps]))
+        samples = _nanmean([t["samples_per_s"] for t in tps])
         dataset = meta.get("dataset_size")
         rows.append({
             "config": label, "gpus": gpus, "runs": len(members),
@@ -202,12 +222,12 @@ def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
             "other_pct": sh["other"], "comm_busy_pct": sh["comm_busy"], "data_busy_pct": sh["data_busy"],
             "compute_busy_pct": sh["compute_busy"], "overlap_pct": sh["overlap"],
             "comm_pct_rank_min": lo, "comm_pct_rank_max": hi,
-            "imbalance_pct": float(np.nanmean([stragglers.imbalance_pct(r.steps) for r in members])),
+            "imbalance_pct": _nanmean([stragglers.imbalance_pct(r.steps) for r in members]),
             "step_ms_median": float(np.median(steps["step_time"]) / 1e6),
             "step_ms_p95": float(np.percentile(steps["step_time"], 95) / 1e6),
-            "steps_per_s": float(np.nanmean([t["steps_per_s"] for t in tps])),
+            "steps_per_s": _nanmean([t["steps_per_s"] for t in tps]),
             "samples_per_s": samples,
-            "batch_per_rank": float(np.nanmean([t["batch_per_rank"] for t in tps])),
+            "batch_per_rank": _nanmean([t["batch_per_rank"] for t in tps]),
             "epoch_s": float(dataset) / samples if dataset and samples > 0 else np.nan,
             "loader": meta.get("loader"), "loader_workers": meta.get("loader_workers"),
         })
@@ -258,6 +278,24 @@ def study_table(table: pd.DataFrame, busy: bool = True) -> pd.DataFrame:
     out = out.reset_index()
     out["gpus"] = out["gpus"].astype(int)
     return out
+
+
+def kernel_tables(runs: List[RunAnalysis]):
+    """(kernel-time shares, GPU temporal breakdown) per config and GPU
+    count, averaged over ranks; empty frames when no run has kernels."""
+    shares, gpu = [], []
+    for (label, gpus), members in _groups(runs).items():
+        ks = [m.kernel_shares for m in members if len(m.kernel_shares)]
+        if ks:
+            k = pd.concat(ks, ignore_index=True).fillna(0.0)
+            row = k.drop(columns=["rank"]).mean().to_dict()
+            shares.append({"config": label, "gpus": gpus, "ranks": len(k), **row})
+        gb = [m.gpu_breakdown for m in members if len(m.gpu_breakdown)]
+        if gb:
+            g = pd.concat(gb, ignore_index=True)
+            row = g.drop(columns=["rank"]).mean().to_dict()
+            gpu.append({"config": label, "gpus": gpus, "ranks": len(g), **row})
+    return pd.DataFrame(shares), pd.DataFrame(gpu)
 
 
 def collectives_table(runs: List[RunAnalysis]) -> pd.DataFrame:

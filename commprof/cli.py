@@ -66,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--group-by", default=None, metavar="KEYS",
                      help="comma-separated metadata keys that define a configuration "
                           "(default: framework,loader,model,batch_size + labels)")
+    imp = sub.add_parser("import", help="convert other profilers' traces into a commprof trace")
+    isub = imp.add_subparsers(dest="format", parser_class=_Parser)
+    kin = isub.add_parser("kineto", help="PyTorch-profiler (Kineto) JSON traces, one per rank",
+                          description="Convert per-rank PyTorch-profiler JSON (.json/.json.gz, with "
+                                      "distributedInfo) into one commprof trace.")
+    kin.add_argument("inputs", nargs="+", metavar="DIR_OR_FILE")
+    kin.add_argument("-o", "--output", required=True, metavar="TRACE", help="output .parquet")
+    kin.add_argument("--rank", type=int, default=None,
+                     help="rank of a single trace without distributedInfo (single-GPU traces)")
     return p
 
 
@@ -81,6 +90,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_record(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "import":
+            return cmd_import(args)
         raise UsageError(f"unknown command {args.command}")
     except UsageError as exc:
         return _fail(str(exc))
@@ -115,6 +126,17 @@ def cmd_record(args) -> int:
                 nvtx=not args.no_nvtx, disable=args.disable, labels=_labels(args.label),
                 keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject)
     return exit_like(rc)
+
+
+def cmd_import(args) -> int:
+    if args.format != "kineto":
+        raise UsageError("commprof import: choose a format: kineto")
+    from .kineto import import_kineto
+
+    run = import_kineto(args.inputs, args.output, rank=args.rank)
+    sys.stderr.write(f"commprof: imported {run.get('ranks_recorded')} rank(s), world size "
+                     f"{run.get('world_size')} -> {args.output}\n")
+    return 0
 
 
 def cmd_report(args) -> int:

@@ -94,6 +94,23 @@ def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = N
     if len(study):
         tables["study"] = Table("Side by side (busy shares of step time, as scaling studies report them)",
                                 study, [(c, c, "d" if c == "gpus" else ".1f") for c in study.columns])
+    kshare, kgpu = scaling.kernel_tables(runs)
+    if len(kshare):
+        classes = [c for c in ("nccl", "cudnn", "data", "gemm", "other", "memcpy", "memset")
+                   if f"{c}_pct" in kshare.columns]
+        tables["kernels"] = Table(
+            "GPU kernel time by class (% of summed kernel time, mean over ranks)", kshare,
+            [("config", "configuration", ""), ("gpus", "GPUs", "d"), ("ranks", "ranks", "d"),
+             ("kernel_ms", "kernel ms/rank", ".1f")]
+            + [(f"{c}_pct", {"nccl": "NCCL %", "cudnn": "cuDNN %", "data": "data %"}.get(c, f"{c} %"), ".2f")
+               for c in classes])
+    if len(kgpu):
+        tables["gpu_breakdown"] = Table(
+            "GPU temporal breakdown (HTA definitions, exact; kernels launched before the last ProfilerStep)",
+            kgpu, [("config", "configuration", ""), ("gpus", "GPUs", "d"), ("ranks", "ranks", "d"),
+                   ("span_ms", "span ms", ".1f"), ("idle_pct", "idle %", ".2f"),
+                   ("compute_pct", "compute %", ".2f"), ("non_compute_pct", "non-compute %", ".2f"),
+                   ("overlap_pct", "comm/compute overlap %", ".2f")])
     tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
     tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
                            scaling.stack(skews), SKEW_COLUMNS)

@@ -11,7 +11,8 @@ Column reference (also in the README):
 rank       global rank of the process that recorded the event
 step       index (from 0) of the optimizer step the event belongs to; events
            after the last optimizer step carry the next index
-category   ``step`` | ``data`` | ``compute`` | ``comm`` | ``wait`` | ``metric``
+category   ``step`` | ``data`` | ``compute`` | ``comm`` | ``wait`` | ``metric`` |
+           ``kernel`` (GPU activity: name = kernel class, detail = kernel)
 name       what happened: ``step``, ``dataloader``, ``forward``, ``backward``,
            ``optimizer``, ``all_reduce``, ``broadcast`` ... (collectives use the
            nccl-tests names)
@@ -52,7 +53,7 @@ META_VERSION = b"commprof.schema_version"
 META_RUN = b"commprof.run"
 META_RANKS = b"commprof.ranks"
 
-CATEGORIES = ("step", "data", "compute", "comm", "wait", "metric")
+CATEGORIES = ("step", "data", "compute", "comm", "wait", "metric", "kernel")
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
 
