@@ -45,6 +45,7 @@ class RunAnalysis:
     colls: CollectiveStats
     batch_size: Optional[int]
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    telemetry: pd.DataFrame = field(default_factory=pd.DataFrame)       # per rank (GPU metrics)
     kernel_shares: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank
     gpu_breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank (HTA definitions)
 
@@ -97,12 +98,13 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     tl = pd.DataFrame()
     kshares: List[pd.DataFrame] = []
     kbreak: List[pd.DataFrame] = []
+    teles: List[pd.DataFrame] = []
 
     def work(chunk):
         ev = Events.of(chunk)
         steps = breakdown.measured(breakdown.per_step(ev), warmup)
         if steps.empty:
-            return steps, (None, None)
+            return steps, (None, None, None)
         comm = None
         is_comm = ev.cat == 3
         if is_comm.any():
@@ -117,7 +119,14 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         if is_kernel.any():
             kt = chunk.filter(pa_mask(is_kernel | (ev.cat == 0))).to_pandas()
             kern = (kernels.kernel_shares(kt), kernels.temporal_breakdown(kt, hta_window=True))
-        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), (comm, kern)
+        tele = None
+        is_metric = ev.cat == 5
+        if is_metric.any():
+            m = chunk.filter(pa_mask(is_metric)).select(["rank", "name", "value"]).to_pandas()
+            m = m[m["name"].astype(str).str.startswith("gpu.")]
+            if len(m):
+                tele = telemetry_per_rank(m)
+        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), (comm, kern, tele)
 
     # Two chunks in flight: numpy's sorts and scans release the GIL, so the
     # sweep of one chunk runs beside the decoding / folding of another.
@@ -139,10 +148,12 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             if not pending:
                 break
             chunk, fut = pending.popleft()
-            steps, (comm, kern) = fut.result()
+            steps, (comm, kern, tele) = fut.result()
             if steps.empty:
                 continue
             parts.append(steps)
+            if tele is not None:
+                teles.append(tele)
             if kern is not None:
                 kshares.append(kern[0])
                 kbreak.append(kern[1])
@@ -163,6 +174,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     if meta.get("framework") is None and world == 1:
         meta["framework"] = "none"
     return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
+                       pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
                        pd.concat(kshares, ignore_index=True) if kshares else pd.DataFrame(),
                        pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame())
 
@@ -278,6 +290,31 @@ def study_table(table: pd.DataFrame, busy: bool = True) -> pd.DataFrame:
     out = out.reset_index()
     out["gpus"] = out["gpus"].astype(int)
     return out
+
+
+def telemetry_per_rank(m: pd.DataFrame) -> pd.DataFrame:
+    """GPU telemetry per rank: mean utilisation, peak memory, mean power,
+    mean SM clock, samples."""
+    g = m.assign(name=m["name"].astype(str)).groupby(["rank", "name"])["value"]
+    mean, peak, n = g.mean().unstack(), g.max().unstack(), g.size().unstack()
+    out = pd.DataFrame({"rank": mean.index.astype(int)})
+    for col, src, name in (("util_pct", mean, "gpu.util"), ("mem_peak_mib", peak, "gpu.mem_used_mib"),
+                           ("power_w", mean, "gpu.power_w"), ("sm_clock_mhz", mean, "gpu.sm_clock_mhz"),
+                           ("samples", n, "gpu.util")):
+        out[col] = src[name].to_numpy() if name in src else np.nan
+    return out
+
+
+def telemetry_table(runs: List[RunAnalysis]) -> pd.DataFrame:
+    frames = []
+    for (label, gpus), members in _groups(runs).items():
+        for m in members:
+            if len(m.telemetry):
+                t = m.telemetry.copy()
+                t.insert(0, "gpus", gpus)
+                t.insert(0, "config", label)
+                frames.append(t)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def kernel_tables(runs: List[RunAnalysis]):

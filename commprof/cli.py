@@ -46,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="add a label to the run metadata (used for grouping in reports)")
     r.add_argument("--keep-shards", action="store_true", help="keep per-rank shards after merging")
+    r.add_argument("--kernels", default="", metavar="START:COUNT",
+                   help="kernel mode: profile optimizer steps START..START+COUNT-1 with torch.profiler "
+                        "(CUDA kernels, NCCL, cuDNN) and merge the kernels into the trace")
+    r.add_argument("--telemetry", choices=("auto", "on", "off"), default="auto",
+                   help="GPU telemetry through NVML (auto: when CUDA is available)")
+    r.add_argument("--no-device-timing", action="store_true",
+                   help="do not time regions with CUDA events")
     r.add_argument("-v", "--verbose", action="store_true")
     r.add_argument("--fault-inject", action="append", default=[], help=argparse.SUPPRESS)
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -124,7 +131,8 @@ def cmd_record(args) -> int:
     out = args.output or time.strftime("commprof-%Y%m%d-%H%M%S")
     rc = record(cmd, out, nproc=args.nproc, flush_interval=args.flush_interval,
                 nvtx=not args.no_nvtx, disable=args.disable, labels=_labels(args.label),
-                keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject)
+                keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject,
+                kernels=args.kernels, telemetry=args.telemetry, device_timing=not args.no_device_timing)
     return exit_like(rc)
 
 

@@ -35,6 +35,15 @@ class Config:
     #: Test hook: names of instruments that must raise inside their hook
     #: (to prove a failing instrument never breaks training).
     fault_inject: Tuple[str, ...] = ()
+    #: Device-accurate times (CUDA events) for compute regions on CUDA.
+    device_timing: bool = True
+    #: Kernel mode: "START:COUNT" profiles optimizer steps START..START+COUNT-1
+    #: with torch.profiler (CPU + CUDA activities); "" = off.
+    kernels: str = ""
+    #: GPU telemetry through NVML: "auto" (when CUDA is available), "on", "off".
+    telemetry: str = "auto"
+    #: Seconds between telemetry samples.
+    telemetry_interval: float = 1.0
     #: Free-form labels added to the run metadata (``--label key=value``).
     labels: Dict[str, str] = field(default_factory=dict)
 

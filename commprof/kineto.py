@@ -167,21 +167,29 @@ class _OpIndex:
         return best
 
 
-def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None):
-    """One Kineto trace -> (rows in journal order, rank metadata)."""
+def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None, kernels_only: bool = False,
+            clock_offset_ns: int = 0, step_of_time=None):
+    """One Kineto trace -> (rows in journal order, rank metadata).
+
+    ``kernels_only`` (commprof's kernel mode): only GPU activity rows, their
+    times shifted by ``clock_offset_ns`` onto commprof's clock and their step
+    given by ``step_of_time(launch time)``."""
     info = doc.get("distributedInfo") or {}
     if rank is None:
-        if "rank" not in info:
+        if "rank" not in info and kernels_only:
+            rank = 0
+        elif "rank" not in info:
             raise TraceFormatError(f"{path}: no distributedInfo.rank; give --rank for single-GPU traces")
         rank = int(info["rank"])
     world = int(info.get("world_size") or 1)
+    rank = int(rank)
     base = int(doc.get("baseTimeNanoseconds") or 0)
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         raise TraceFormatError(f"{path}: no traceEvents list")
 
     def ns(ts) -> int:
-        return int(round(float(ts) * 1000.0)) + base
+        return int(round(float(ts) * 1000.0)) + base + clock_offset_ns
 
     ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "ts" in e]
     op_by_ext = {}
@@ -202,6 +210,8 @@ def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None):
     step_ids = [int(e["name"].split("#", 1)[1]) for e in steps]
 
     def step_of(t: int) -> int:
+        if step_of_time is not None:
+            return step_of_time(t)
         i = bisect_right(step_starts, t) - 1
         return step_ids[i] if i >= 0 else (step_ids[0] - 1 if step_ids else 0)
 
@@ -235,7 +245,7 @@ def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None):
                 gsize = args.get("Group size")
                 comm_rows.append([step, "comm", coll, "kineto", name, t0, t1, t0, t1, nbytes, dtype, group,
                                   int(gsize) if gsize is not None else world, None, False, None, None])
-        elif cat in ("user_annotation", "cpu_op"):
+        elif cat in ("user_annotation", "cpu_op") and not kernels_only:
             if name.startswith("ProfilerStep#"):
                 rows.append((int(name.split("#", 1)[1]), "step", "step", "kineto", None, t0, t1,
                              None, None, None, None, None, None, None, None, None, None))
@@ -252,7 +262,7 @@ def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None):
         r[13] = seq.get(r[11], 0)
         seq[r[11]] = r[13] + 1
         rows.append(tuple(r))
-    if n_kernels == 0 and not rows:
+    if n_kernels == 0 and not rows and not kernels_only:
         raise TraceFormatError(f"{path}: no events to import")
     meta = {"rank": rank, "world_size": world, "rank_source": "distributedInfo" if "rank" in info else "--rank",
             "host": None, "source_file": os.path.basename(path), "backend": info.get("backend"),

@@ -153,13 +153,23 @@ def child_env(config: Config, boot_dir: str, base: Optional[Dict[str, str]] = No
 
 def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_interval: float = 0.5,
            nvtx: bool = True, disable: List[str] = (), labels: Optional[Dict[str, str]] = None,
-           keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = ()) -> int:
+           keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = (),
+           kernels: str = "", telemetry: str = "auto", device_timing: bool = True) -> int:
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
         if nproc < 1:
             raise UsageError("--nproc must be at least 1")
         cmd = with_nproc(cmd, nproc)
+    if kernels:
+        try:
+            start, _, count = kernels.partition(":")
+            if int(start) < 0 or int(count or 1) < 1:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"--kernels expects START:COUNT (steps), got {kernels!r}")
+    if telemetry not in ("auto", "on", "off"):
+        raise UsageError("--telemetry must be auto, on or off")
     out_dir = os.path.abspath(out_dir)
     prepare_out_dir(out_dir)
     from .instruments import ALL
@@ -171,7 +181,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
     config = Config(out_dir=out_dir, run_id=uuid.uuid4().hex[:12], command=tuple(cmd),
                     launcher=detect_launcher(cmd), flush_interval=flush_interval, nvtx=nvtx,
                     disable=tuple(disable), verbose=verbose, fault_inject=tuple(fault_inject),
-                    labels=dict(labels or {}))
+                    labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
+                    device_timing=device_timing)
     boot_dir = os.path.join(out_dir, BOOTSTRAP_DIR)
     bootstrap.write_bootstrap(boot_dir, config, _package_parent())
     shard_dir = os.path.join(out_dir, "shards")
@@ -254,7 +265,9 @@ def _merge(out_dir: str, shard_dir: str, config: Config, keep_shards: bool) -> N
         warn(f"merging the shards failed ({exc}); they are kept in {shard_dir}")
         return
     if not keep_shards:
-        for path in shards + journals:
+        import glob as _glob
+
+        for path in shards + journals + _glob.glob(os.path.join(shard_dir, "kineto.*.json.gz")):
             for p in (path, path[: -len(".arrows")] + ".meta.json" if path.endswith(".arrows") else None):
                 if p:
                     try:

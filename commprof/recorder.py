@@ -73,6 +73,11 @@ class Recorder:
         self.models: Dict[str, int] = {}
         self.run_info: Dict[str, Any] = {}
         self.last_comm_issue = 0
+        self.timer = None
+        self._timer_checked = False
+        self.telemetry = None
+        self.kernel_window = _parse_window(self.config.kernels)
+        self._profiler = None
         self.tls = threading.local()
         self.groups = GroupNames()
         self._seq: Dict[str, Any] = {}
@@ -107,15 +112,45 @@ class Recorder:
         self.emit((self.step, category, name, source, detail, t0, t1,
                    None, None, None, None, None, None, None, None, items, None))
 
+    def dev_begin(self):
+        """A CUDA start event when device timing is on, else None."""
+        timer = self.timer
+        if timer is None:
+            if self._timer_checked or not self.config.device_timing:
+                return None
+            from .device import maybe_timer
+
+            timer = self.timer = maybe_timer()
+            if timer is None:
+                if sys.modules.get("torch") is not None:
+                    self._timer_checked = True
+                return None
+        return timer.begin()
+
+    def region_dev(self, category: str, name: str, source: str, detail: Optional[str],
+                   t0: int, t1: int, dev, items: Optional[int] = None) -> None:
+        """Like region(); with a CUDA start event the row waits for its
+        device times (resolved by the flush thread)."""
+        if dev is None or self.timer is None:
+            self.region(category, name, source, detail, t0, t1, items)
+            return
+        if self.first_activity is None:
+            self.first_activity = t0
+        if self.state != "active" and (self.state != "idle" or not self._activate()):
+            return
+        self.timer.end(dev, (self.step, category, name, source, detail, t0, t1,
+                             None, None, None, None, None, None, None, None, items, None))
+
     def collective(self, name: str, source: str, detail: Optional[str], t0: int, t1: int,
                    nbytes: Optional[int], dtype: Optional[str], group: str,
                    group_size: int, seq: int, step: int, blocking: bool) -> None:
         self.emit((step, "comm", name, source, detail, t0, t1, None, None,
                    nbytes, dtype, group, group_size, seq, blocking, None, None))
 
-    def metric(self, name: str, value: float, t: Optional[int] = None, source: str = "user") -> None:
+    def metric(self, name: str, value: float, t: Optional[int] = None, source: str = "user",
+               detail: Optional[str] = None) -> None:
         t = now() if t is None else t
-        self.emit((self.step, "metric", name, source, None, t, t,
+        self.emit((self.step, "metric", name, source, detail, t, t,
                    None, None, None, None, None, None, None, None, None, float(value)))
 
     def next_seq(self, group: str) -> int:
@@ -136,10 +171,41 @@ class Recorder:
                    None, None, None, None, None, None, None, None, self._items_this_step(), None))
         self.step += 1
         self.step_start = t_end
+        if self.kernel_window is not None:
+            self._kernel_mode()
         self.step_items = {}
         self.step_data_items = 0
         if self.rank_info is None or not self.rank_info.final:
             self._refresh_rank()
+
+    def _kernel_mode(self) -> None:
+        """Start / stop torch.profiler at step boundaries of the window."""
+        start, count = self.kernel_window
+        try:
+            if self.step == start and self._profiler is None:
+                import torch
+
+                acts = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    acts.append(torch.profiler.ProfilerActivity.CUDA)
+                self._profiler = torch.profiler.profile(activities=acts, record_shapes=False)
+                self._profiler.__enter__()
+                self.run_info["kernel_window"] = [start, start + count]
+            elif self.step == start + count and self._profiler is not None:
+                self._stop_profiler()
+        except Exception as exc:
+            log_once("kernels", f"kernel mode disabled: {exc!r}")
+            self.kernel_window = None
+            self._profiler = None
+
+    def _stop_profiler(self) -> None:
+        prof, self._profiler = self._profiler, None
+        if prof is None:
+            return
+        prof.__exit__(None, None, None)
+        if self.state == "active":
+            path = os.path.join(self.shard_dir, f"kineto.{self.host}.{self.pid}.json.gz")
+            prof.export_chrome_trace(path)
 
     def _items_this_step(self) -> Optional[int]:
         """Samples this rank processed in the step: what the data loader
@@ -168,9 +234,27 @@ class Recorder:
             return False
         self._refresh_rank()
         self.state = "active"
+        self._start_telemetry()
         self._thread = threading.Thread(target=self._flush_loop, name="commprof-flush", daemon=True)
         self._thread.start()
         return True
+
+    def _start_telemetry(self) -> None:
+        mode = self.config.telemetry
+        if mode == "off":
+            return
+        if mode == "auto":
+            torch = sys.modules.get("torch")
+            try:
+                if torch is None or not torch.cuda.is_available():
+                    return
+            except Exception:
+                return
+        from .telemetry import Sampler, device_index
+
+        sampler = Sampler(self, self.config.telemetry_interval)
+        if sampler.start(device_index()):
+            self.telemetry = sampler
 
     @property
     def shard_dir(self) -> str:
@@ -199,6 +283,8 @@ class Recorder:
         with self._lock:
             if self.rank_info is None or not self.rank_info.final:
                 self._refresh_rank()
+            if self.timer is not None and self.timer.pending:
+                self.timer.resolve(self.q.append)
             n = len(self.q)
             if n:
                 from . import schema
@@ -254,6 +340,16 @@ class Recorder:
         self.state = "closed"
         self._stop.set()
         try:
+            if self.telemetry is not None:
+                self.telemetry.stop()
+            if self._profiler is not None:
+                self.state = "active"
+                try:
+                    self._stop_profiler()
+                finally:
+                    self.state = "closed"
+            if self.timer is not None and self.timer.pending:
+                self.timer.resolve(self.q.append, wait=True)
             self.flush()
             with self._lock:
                 if self._writer is None:
@@ -265,6 +361,14 @@ class Recorder:
         except Exception as exc:
             warn(f"could not finalise the trace of pid {self.pid}: {exc!r} "
                  "(the journal is kept and will be salvaged)")
+
+
+def _parse_window(spec: str):
+    """'START:COUNT' -> (start, count); '' -> None."""
+    if not spec:
+        return None
+    start, _, count = str(spec).partition(":")
+    return int(start), int(count or 1)
 
 
 def _boot_id() -> Optional[str]:

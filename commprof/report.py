@@ -10,7 +10,7 @@ from .schema import TraceFormatError
 from .trace import iter_chunks, open_run
 
 REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end",
-                  "bytes", "dtype", "group", "group_size", "seq", "blocking", "items"]
+                  "bytes", "dtype", "group", "group_size", "seq", "blocking", "items", "value"]
 
 BREAKDOWN_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("runs", "runs", "d"),
@@ -111,6 +111,13 @@ def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = N
                    ("span_ms", "span ms", ".1f"), ("idle_pct", "idle %", ".2f"),
                    ("compute_pct", "compute %", ".2f"), ("non_compute_pct", "non-compute %", ".2f"),
                    ("overlap_pct", "comm/compute overlap %", ".2f")])
+    tele = scaling.telemetry_table(runs)
+    if len(tele):
+        tables["telemetry"] = Table("GPU telemetry per rank (NVML)", tele, [
+            ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("rank", "rank", "d"),
+            ("util_pct", "util % mean", ".1f"), ("mem_peak_mib", "mem MiB peak", ".0f"),
+            ("power_w", "power W mean", ".1f"), ("sm_clock_mhz", "SM MHz mean", ".0f"),
+            ("samples", "samples", ".0f")])
     tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
     tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
                            scaling.stack(skews), SKEW_COLUMNS)

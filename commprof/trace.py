@@ -103,15 +103,46 @@ def salvage_journal(path: str) -> Tuple[Optional[pa.Table], Dict[str, Any]]:
     return table, meta
 
 
+def _with_kernels(folder: str, table: pa.Table, meta: Dict[str, Any]) -> pa.Table:
+    """Kernel mode: append the GPU activity of the rank's torch.profiler
+    window (``kineto.<host>.<pid>.json.gz``), moved onto the rank's clock."""
+    path = os.path.join(folder, f"kineto.{meta.get('host')}.{meta.get('pid')}.json.gz")
+    if not os.path.exists(path):
+        return table
+    from . import kineto
+
+    clock = meta.get("clock") or {}
+    offset = -(int(clock.get("wall_ns_at_start", 0)) - int(clock.get("mono_ns_at_start", 0)))
+    steps = table.filter(pc.equal(table.column("category"), "step"))
+    ends = sorted(zip(steps.column("t_end").to_pylist(), steps.column("step").to_pylist()))
+    end_times = [e for e, _ in ends]
+    last = (ends[-1][1] + 1) if ends else 0
+
+    def step_of(t):
+        import bisect
+
+        i = bisect.bisect_left(end_times, t)
+        return ends[i][1] if i < len(ends) else last
+
+    rows, kmeta = kineto.convert(kineto._load(path), path, rank=int(meta.get("rank", 0)), kernels_only=True,
+                                 clock_offset_ns=offset, step_of_time=step_of)
+    meta["kernels"] = kmeta["kernels"]
+    if not rows:
+        return table
+    extra = schema.add_rank(schema.rows_to_batch(rows), int(meta.get("rank", 0)))
+    return pa.concat_tables([table, pa.Table.from_batches([extra])]).unify_dictionaries()
+
+
 def iter_shard_tables(folder: str) -> Iterator[Tuple[pa.Table, Dict[str, Any]]]:
     shards, journals = find_shards(folder)
     for s in shards:
         table, _run, ranks = _read_parquet(s)
-        yield table, (ranks[0] if ranks else {})
+        meta = ranks[0] if ranks else {}
+        yield _with_kernels(folder, table, meta), meta
     for j in journals:
         table, meta = salvage_journal(j)
         if table is not None:
-            yield table, meta
+            yield _with_kernels(folder, table, meta), meta
 
 
 def _resolve(path: str) -> Tuple[str, str]:
@@ -267,7 +298,7 @@ def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = N
     run["hosts"] = sorted({r.get("host") for r in ranks if r.get("host")})
     run["salvaged_ranks"] = sorted(r.get("rank") for r in ranks if r.get("status") == "salvaged")
     for key in ("torch", "cuda", "backend", "framework", "loader", "loader_workers", "model",
-                "batch_size", "image_size", "dataset_size", "horovod", "deepspeed", "dali"):
+                "batch_size", "image_size", "dataset_size", "kernel_window", "horovod", "deepspeed", "dali"):
         values = [r.get(key) for r in ranks if r.get(key) is not None]
         if values:
             counts = Counter(json.dumps(v, sort_keys=True) for v in values)

@@ -157,3 +157,15 @@ def test_random_traces_shares_are_sane(n_ranks, n_steps, evs):
     for k in ("data", "comm", "compute", "other", "comm_busy", "data_busy", "compute_busy"):
         assert 0.0 <= sh[k] <= 100.0 + 1e-9
     assert sh["overlap"] != sh["overlap"] or 0 <= sh["overlap"] <= 100 + 1e-9
+
+
+def test_telemetry_table_per_rank(tmp_path):
+    rows = {r: ddp_rank(r, 2, 4) for r in range(2)}
+    for r in range(2):
+        for i, (u, mem) in enumerate(((50.0, 1000.0), (70.0, 3000.0))):
+            rows[r].append(row(1, "metric", "gpu.util", i, i, source="nvml", detail=str(r), value=u + r))
+            rows[r].append(row(1, "metric", "gpu.mem_used_mib", i, i, source="nvml", detail=str(r), value=mem))
+    report, _ = analyze([write_run(tmp_path / "t.parquet", rows)])
+    t = report.tables["telemetry"].frame.set_index("rank")
+    assert t.loc[0, "util_pct"] == pytest.approx(60.0) and t.loc[1, "util_pct"] == pytest.approx(61.0)
+    assert t.loc[0, "mem_peak_mib"] == 3000.0 and t.loc[0, "samples"] == 2

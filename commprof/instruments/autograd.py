@@ -34,6 +34,7 @@ class AutogradInstrument(Instrument):
                 inst.check_fault()
                 inst._depth = 1
                 rec.nvtx.push("backward")
+                dev = rec.dev_begin()
                 t0 = now()
                 rec.last_comm_issue = 0
             except Exception as exc:
@@ -49,10 +50,11 @@ class AutogradInstrument(Instrument):
                     rec.nvtx.pop()
                     last = rec.last_comm_issue
                     if t0 < last < t1:
-                        rec.region("compute", "backward", "autograd", None, t0, last)
+                        # device times (CUDA) of the split backward cover the whole call
+                        rec.region_dev("compute", "backward", "autograd", None, t0, last, dev)
                         rec.region("wait", "comm_wait", "autograd", "backward", last, t1)
                     else:
-                        rec.region("compute", "backward", "autograd", None, t0, t1)
+                        rec.region_dev("compute", "backward", "autograd", None, t0, t1, dev)
                 except Exception as exc:
                     inst.fail(exc)
 

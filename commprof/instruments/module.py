@@ -107,14 +107,14 @@ class ModuleInstrument(Instrument):
 
     def _begin(self, module, args):
         self.rec.nvtx.push("forward")
-        return (now(), self._torch.is_grad_enabled(), leading_dim(args))
+        return (now(), self._torch.is_grad_enabled(), leading_dim(args), self.rec.dev_begin())
 
     def _end(self, module, started) -> None:
-        t0, grad, items = started
+        t0, grad, items, dev = started
         t1 = now()
         self.rec.nvtx.pop()
         detail = self._roots.get(id(module)) or describe(module)
         if grad and items:
             self.rec.note_items(detail, items)
-        self.rec.region("compute", "forward" if grad else "eval_forward", "nn.Module",
-                        detail, t0, t1, items)
+        self.rec.region_dev("compute", "forward" if grad else "eval_forward", "nn.Module",
+                            detail, t0, t1, dev, items)

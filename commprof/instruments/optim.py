@@ -15,6 +15,7 @@ class OptimizerInstrument(Instrument):
                                            register_optimizer_step_pre_hook)
 
         self._t0 = None
+        self._dev = None
         self._depth = 0
         self.handle(register_optimizer_step_pre_hook(self._pre))
         self.handle(register_optimizer_step_post_hook(self._post))
@@ -27,6 +28,7 @@ class OptimizerInstrument(Instrument):
             self._depth += 1
             if self._depth == 1:
                 self._t0 = now()
+                self._dev = self.rec.dev_begin()
                 self.rec.nvtx.push("optimizer")
         except Exception as exc:
             self.fail(exc)
@@ -40,8 +42,8 @@ class OptimizerInstrument(Instrument):
             if self._depth == 0 and self._t0 is not None:
                 t1 = now()
                 self.rec.nvtx.pop()
-                self.rec.region("compute", "optimizer", "torch.optim",
-                                type(optimizer).__name__, self._t0, t1)
+                self.rec.region_dev("compute", "optimizer", "torch.optim",
+                                    type(optimizer).__name__, self._t0, t1, self._dev)
                 self._t0 = None
                 self.rec.end_step(t1, "torch.optim")
         except Exception as exc:
