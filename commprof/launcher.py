@@ -154,7 +154,8 @@ def child_env(config: Config, boot_dir: str, base: Optional[Dict[str, str]] = No
 def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_interval: float = 0.5,
            nvtx: bool = True, disable: List[str] = (), labels: Optional[Dict[str, str]] = None,
            keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = (),
-           kernels: str = "", telemetry: str = "auto", device_timing: bool = True) -> int:
+           kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
+           telemetry_interval: float = 1.0) -> int:
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
@@ -170,6 +171,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
             raise UsageError(f"--kernels expects START:COUNT (steps), got {kernels!r}")
     if telemetry not in ("auto", "on", "off"):
         raise UsageError("--telemetry must be auto, on or off")
+    if telemetry_interval <= 0:
+        raise UsageError("--telemetry-interval must be > 0")
     out_dir = os.path.abspath(out_dir)
     prepare_out_dir(out_dir)
     from .instruments import ALL
@@ -182,7 +185,7 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
                     launcher=detect_launcher(cmd), flush_interval=flush_interval, nvtx=nvtx,
                     disable=tuple(disable), verbose=verbose, fault_inject=tuple(fault_inject),
                     labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
-                    device_timing=device_timing)
+                    device_timing=device_timing, telemetry_interval=telemetry_interval)
     boot_dir = os.path.join(out_dir, BOOTSTRAP_DIR)
     bootstrap.write_bootstrap(boot_dir, config, _package_parent())
     shard_dir = os.path.join(out_dir, "shards")
