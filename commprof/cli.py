@@ -75,6 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--group-by", default=None, metavar="KEYS",
                      help="comma-separated metadata keys that define a configuration "
                           "(default: framework,loader,model,batch_size + labels)")
+    ex = sub.add_parser("export", help="write a timeline for other viewers")
+    esub = ex.add_subparsers(dest="format", parser_class=_Parser)
+    ch = esub.add_parser("chrome", help="Perfetto / chrome://tracing JSON (Kineto layout, HTA-loadable)",
+                         description="One merged multi-rank timeline (or one file per rank with --per-rank).")
+    ch.add_argument("trace", metavar="TRACE")
+    ch.add_argument("-o", "--output", required=True, metavar="FILE", help="timeline.json or timeline.json.gz")
+    ch.add_argument("--steps", default=None, metavar="A:B", help="only steps A..B (inclusive)")
+    ch.add_argument("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0,1,4-7")
+    ch.add_argument("--per-rank", action="store_true", help="one file per rank (FILE.rank<R>.json[.gz])")
+
+    df = sub.add_parser("diff", help="what grew or shrank between two runs",
+                        description="Per category and per collective: A, B, B - A and the change in %.")
+    df.add_argument("a", metavar="A")
+    df.add_argument("b", metavar="B")
+    df.add_argument("--format", choices=("table", "md", "csv", "json"), default="table")
+    df.add_argument("--warmup", type=int, default=1)
+
     imp = sub.add_parser("import", help="convert other profilers' traces into a commprof trace")
     isub = imp.add_subparsers(dest="format", parser_class=_Parser)
     kin = isub.add_parser("kineto", help="PyTorch-profiler (Kineto) JSON traces, one per rank",
@@ -101,6 +118,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_report(args)
         if args.command == "import":
             return cmd_import(args)
+        if args.command == "export":
+            return cmd_export(args)
+        if args.command == "diff":
+            return cmd_diff(args)
         raise UsageError(f"unknown command {args.command}")
     except UsageError as exc:
         return _fail(str(exc))
@@ -147,6 +168,60 @@ def cmd_import(args) -> int:
     run = import_kineto(args.inputs, args.output, rank=args.rank)
     sys.stderr.write(f"commprof: imported {run.get('ranks_recorded')} rank(s), world size "
                      f"{run.get('world_size')} -> {args.output}\n")
+    return 0
+
+
+def _ints(spec: str):
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out += list(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise UsageError(f"--ranks expects a list like 0,1,4-7, got {spec!r}")
+    return out
+
+
+def cmd_export(args) -> int:
+    if args.format != "chrome":
+        raise UsageError("commprof export: choose a format: chrome")
+    from .api import load
+    from .export import export_chrome
+
+    steps = None
+    if args.steps:
+        try:
+            a, _, b = args.steps.partition(":")
+            steps = (int(a), int(b or a))
+        except ValueError:
+            raise UsageError(f"--steps expects A:B, got {args.steps!r}")
+    ranks = _ints(args.ranks) if args.ranks else None
+    paths = export_chrome(load(args.trace), args.output, steps=steps, ranks=ranks, per_rank=args.per_rank)
+    sys.stderr.write(f"commprof: wrote {', '.join(paths)}\n")
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from analyzers import renderers
+    from analyzers.renderers import Report, Table
+
+    from .api import diff
+
+    table = diff(args.a, args.b, warmup=args.warmup)
+    report = Report(title=f"commprof diff: A = {args.a}, B = {args.b}",
+                    tables={"diff": Table("What changed (B - A)", table,
+                                          [("what", "what", ""), ("metric", "metric", ""), ("a", "A", ",.3f"),
+                                           ("b", "B", ",.3f"), ("delta", "B - A", "+,.3f"),
+                                           ("delta_pct", "change %", "+.1f")])},
+                    notes=["Exposed shares and ms per step (share x median step time); collectives: "
+                           "calls per step and rank, bytes per call, mean latency."])
+    sys.stdout.write(renderers.get(args.format).render(report))
     return 0
 
 

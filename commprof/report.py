@@ -64,8 +64,7 @@ NOTES = [
 def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = None,
             group_by: Optional[Sequence[str]] = None, chunk_rows: int = 500_000):
     """Load every path and return (Report, list of RunAnalysis)."""
-    from analyzers import bottleneck, scaling
-    from analyzers.renderers import Report, Table
+    from analyzers import scaling
 
     runs = []
     for path in paths:
@@ -77,6 +76,18 @@ def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = N
                                    "(no optimizer step was recorded)")
         analysis.meta["path"] = path
         runs.append(analysis)
+    return build_report(runs, warmup), runs
+
+
+def build_report(runs, warmup: int = 1):
+    """The report's tables from analysed runs (RunAnalysis objects)."""
+    from analyzers import bottleneck, scaling
+    from analyzers.renderers import Report, Table
+
+    for r in runs:
+        if r.steps.empty:
+            raise TraceFormatError(f"{r.meta.get('path')}: the trace has no complete training step "
+                                   "(no optimizer step was recorded)")
     table = scaling.breakdown_table(runs)
     colls = scaling.collectives_table(runs)
     skews = scaling.skew_tables(runs)
@@ -125,7 +136,7 @@ def analyze(paths: Sequence[str], warmup: int = 1, batch_size: Optional[int] = N
     tables["bottlenecks"] = Table("Bottlenecks and what to try", finds, FINDING_COLUMNS, style="list")
     report = Report(title="commprof report", tables=tables, notes=notes, runs=[r.meta for r in runs])
     report.extras["timelines"] = {f"{r.label} @ {r.world_size} GPUs": r.timeline for r in runs}
-    return report, runs
+    return report
 
 
 def run_report(args) -> int:

@@ -248,7 +248,8 @@ def iter_chunks(path: str, columns: Optional[Sequence[str]] = None,
     pf = pq.ParquetFile(where)
     version, _run, _ranks = _meta_of(where, pf.metadata.metadata)
     names = pf.schema_arrow.names
-    cols = [c for c in (columns or names) if c in names]
+    wanted = list(columns or names) + [c for c in schema.REQUIRED_COLUMNS if columns and c not in columns]
+    cols = [c for c in wanted if c in names]
     rank_idx = names.index("rank")
     md = pf.metadata
     # Plan chunks from the row-group statistics, then read each chunk's row

@@ -1,0 +1,267 @@
+"""Python API for notebooks: ``commprof.load()``.
+
+Example::
+
+    import commprof
+    t = commprof.load("run/trace.parquet")            # nothing read yet
+    t.meta["world_size"], t.ranks[0]["host"]
+    t.filter(ranks=[0, 1], steps=(10, 20)).events()   # pandas, filtered while reading
+    t.breakdown()                                     # the report's tables as DataFrames
+    t.collectives(); t.stragglers(); t.skew()
+    t.plot_breakdown().show(); t.plot_timeline(steps=(10, 12)).show()
+    commprof.compare([t4, t8, t16]).breakdown()       # several runs side by side
+    commprof.diff(t_native, t_dali)                   # what grew or shrank
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import trace as _trace
+
+PathLike = Union[str, "Trace"]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Composable event filter, applied while reading (before analysis)."""
+    ranks: Optional[Tuple[int, ...]] = None
+    steps: Optional[Tuple[int, int]] = None          # [first, last] inclusive
+    window: Optional[Tuple[int, int]] = None         # [t0, t1) ns on the trace clock
+    categories: Optional[Tuple[str, ...]] = None
+
+    def and_(self, other: "Filter") -> "Filter":
+        def pick(a, b):
+            return b if b is not None else a
+        return Filter(pick(self.ranks, other.ranks), pick(self.steps, other.steps),
+                      pick(self.window, other.window), pick(self.categories, other.categories))
+
+    def mask(self, table: pa.Table):
+        m = None
+
+        def both(x, y):
+            return y if x is None else pc.and_(x, y)
+        if self.ranks is not None:
+            m = both(m, pc.is_in(table.column("rank"), value_set=pa.array(self.ranks, pa.int32())))
+        if self.steps is not None:
+            lo, hi = self.steps
+            m = both(m, pc.and_(pc.greater_equal(table.column("step"), lo),
+                                pc.less_equal(table.column("step"), hi)))
+        if self.window is not None:
+            t0, t1 = self.window
+            m = both(m, pc.and_(pc.less(table.column("t_start"), t1), pc.greater(table.column("t_end"), t0)))
+        if self.categories is not None:
+            m = both(m, pc.is_in(table.column("category").cast(pa.string()),
+                                 value_set=pa.array(self.categories, pa.string())))
+        return m
+
+
+@dataclass
+class Trace:
+    """One recorded run. Events are read lazily, in chunks of whole ranks,
+    with the filter applied while reading."""
+    path: str
+    meta: dict
+    ranks: List[dict]
+    flt: Filter = field(default_factory=Filter)
+
+    # -- reading -------------------------------------------------------------
+    def chunks(self, columns: Optional[Sequence[str]] = None, max_rows: int = 500_000):
+        """Arrow tables of whole ranks, filtered."""
+        read = None
+        if columns is not None:
+            read = list(columns) + [c for c in ("rank", "step", "category", "t_start", "t_end")
+                                    if c not in columns]
+        for table in _trace.iter_chunks(self.path, read, max_rows):
+            if self.flt.ranks is not None and table.num_rows:
+                r = set(pc.unique(table.column("rank")).to_pylist())
+                if not r & set(self.flt.ranks):
+                    continue
+            m = self.flt.mask(table)
+            table = table.filter(m) if m is not None else table
+            yield table.select(list(columns)) if columns is not None else table
+
+    def arrow(self, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """All (filtered) events as one Arrow table."""
+        parts = list(self.chunks(columns))
+        if not parts:
+            return pa.table({})
+        return pa.concat_tables(parts, promote_options="permissive").unify_dictionaries()
+
+    def events(self, columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
+        """All (filtered) events as a pandas DataFrame (categorical strings)."""
+        return self.arrow(columns).to_pandas()
+
+    def filter(self, ranks: Optional[Iterable[int]] = None, steps: Optional[Tuple[int, int]] = None,
+               window: Optional[Tuple[int, int]] = None, categories: Optional[Iterable[str]] = None) -> "Trace":
+        """A view of this trace restricted to some ranks, an inclusive step
+        range, a time window and/or event categories (combinable)."""
+        f = Filter(tuple(int(r) for r in ranks) if ranks is not None else None,
+                   tuple(steps) if steps is not None else None,
+                   tuple(window) if window is not None else None,
+                   tuple(categories) if categories is not None else None)
+        return replace(self, flt=self.flt.and_(f))
+
+    # -- analyzers -----------------------------------------------------------
+    def analysis(self, warmup: int = 1, batch_size: Optional[int] = None,
+                 group_by: Optional[Sequence[str]] = None):
+        from analyzers import scaling
+
+        from .report import REPORT_COLUMNS
+
+        return scaling.analyze_chunks(self.chunks(REPORT_COLUMNS), self.meta, self.ranks, warmup=warmup,
+                                      batch_size=batch_size, group_by=group_by)
+
+    def report(self, **kw):
+        """The full report (tables as DataFrames in ``.tables[name].frame``)."""
+        return compare([self], **kw).report()
+
+    def breakdown(self, **kw) -> pd.DataFrame:
+        """Per GPU count: exposed / busy shares, step time, throughput, scaling."""
+        return self.report(**kw).tables["breakdown"].frame
+
+    def per_step(self) -> pd.DataFrame:
+        """One row per (rank, step): exposed and busy times in ns."""
+        from analyzers import breakdown
+
+        return breakdown.per_step(self.arrow())
+
+    def collectives(self, **kw) -> pd.DataFrame:
+        return self.report(**kw).tables["collectives"].frame
+
+    def skew(self, **kw) -> pd.DataFrame:
+        return self.report(**kw).tables["skew"].frame
+
+    def stragglers(self, **kw) -> pd.DataFrame:
+        return self.report(**kw).tables["stragglers"].frame
+
+    def bottlenecks(self, **kw) -> pd.DataFrame:
+        return self.report(**kw).tables["bottlenecks"].frame
+
+    # -- plots (plotly figures) -----------------------------------------------
+    def plot_breakdown(self, **kw):
+        return compare([self], **kw).plot_breakdown()
+
+    def plot_timeline(self, steps: Optional[Tuple[int, int]] = None, max_ranks: int = 8):
+        """Per-rank timeline (data / compute / comm lanes) of a few steps."""
+        import plotly.graph_objects as go
+
+        from analyzers.timeline import LANES
+
+        view = self.filter(steps=steps) if steps is not None else self
+        ev = view.events(["rank", "step", "category", "name", "t_start", "t_end"])
+        ev = ev[ev["category"].astype(str).isin(list(LANES))]
+        ranks = sorted(ev["rank"].unique())[:max_ranks]
+        ev = ev[ev["rank"].isin(ranks)]
+        fig = go.Figure()
+        if ev.empty:
+            return fig
+        t0 = ev["t_start"].min()
+        for lane, g in ev.groupby(ev["category"].astype(str).map(LANES)):
+            fig.add_bar(orientation="h", name=lane, y=[f"rank {r} {lane}" for r in g["rank"]],
+                        x=(g["t_end"] - g["t_start"]) / 1e6, base=(g["t_start"] - t0) / 1e6,
+                        text=g["name"].astype(str), hoverinfo="text+x")
+        fig.update_layout(barmode="overlay", xaxis_title="ms", height=150 + 25 * len(ranks) * 4)
+        return fig
+
+
+@dataclass
+class Comparison:
+    """Several runs analysed together (the per-GPU-count table)."""
+    traces: List[Trace]
+    warmup: int = 1
+    batch_size: Optional[int] = None
+    group_by: Optional[Sequence[str]] = None
+    _report: object = None
+
+    def report(self):
+        if self._report is None:
+            from .report import build_report
+
+            runs = []
+            for t in self.traces:
+                a = t.analysis(self.warmup, self.batch_size, self.group_by)
+                a.meta["path"] = t.path
+                runs.append(a)
+            self._report = build_report(runs, self.warmup)
+        return self._report
+
+    def breakdown(self) -> pd.DataFrame:
+        return self.report().tables["breakdown"].frame
+
+    def study(self) -> pd.DataFrame:
+        t = self.report().tables.get("study")
+        return t.frame if t is not None else pd.DataFrame()
+
+    def collectives(self) -> pd.DataFrame:
+        return self.report().tables["collectives"].frame
+
+    def bottlenecks(self) -> pd.DataFrame:
+        return self.report().tables["bottlenecks"].frame
+
+    def plot_breakdown(self):
+        """Stacked exposed shares per GPU count and configuration."""
+        import plotly.graph_objects as go
+
+        f = self.breakdown()
+        fig = go.Figure()
+        x = [f["config"].tolist(), [str(g) for g in f["gpus"]]]
+        for col, name in (("comm_pct", "comm"), ("data_pct", "data"), ("compute_pct", "compute"),
+                          ("other_pct", "other")):
+            fig.add_bar(name=name, x=x, y=f[col])
+        fig.update_layout(barmode="stack", yaxis_title="% of step time")
+        return fig
+
+    def plot_scaling(self):
+        """Throughput and efficiency vs GPU count, one line per configuration."""
+        import plotly.graph_objects as go
+
+        f = self.breakdown()
+        fig = go.Figure()
+        for config, g in f.groupby("config"):
+            g = g.sort_values("gpus")
+            fig.add_scatter(x=g["gpus"], y=g["samples_per_s"], name=f"{config} samples/s", mode="lines+markers")
+            fig.add_scatter(x=g["gpus"], y=g["efficiency_pct"], name=f"{config} efficiency %",
+                            mode="lines+markers", yaxis="y2", line={"dash": "dot"})
+        fig.update_layout(xaxis={"title": "GPUs", "type": "log"}, yaxis_title="samples/s",
+                          yaxis2={"title": "efficiency %", "overlaying": "y", "side": "right"})
+        return fig
+
+
+def load(paths: Union[PathLike, Sequence[PathLike]]) -> Union[Trace, Comparison]:
+    """Open one run (a ``Trace``) or several (a ``Comparison``).
+
+    A path is a merged ``trace.parquet``, a record folder or a shard folder.
+    Nothing is read but metadata until a method needs events."""
+    if isinstance(paths, (str, Trace)) or hasattr(paths, "__fspath__"):
+        return _one(paths)
+    return compare([_one(p) for p in paths])
+
+
+def _one(p: PathLike) -> Trace:
+    if isinstance(p, Trace):
+        return p
+    p = str(p)
+    meta, ranks, _kind, _where = _trace.open_run(p)
+    return Trace(p, meta, ranks)
+
+
+def compare(traces: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
+            group_by: Optional[Sequence[str]] = None) -> Comparison:
+    """Analyse several runs together (grouped by configuration and GPU count)."""
+    return Comparison([_one(t) for t in traces], warmup, batch_size, group_by)
+
+
+def diff(a: PathLike, b: PathLike, warmup: int = 1) -> pd.DataFrame:
+    """What grew or shrank from run A to run B: per category (exposed ms per
+    step and share of step time) and per collective (calls/step, bytes/call,
+    mean latency). Columns: what, metric, a, b, delta, delta_pct."""
+    from analyzers.diff import diff_tables
+
+    ra, rb = compare([a], warmup=warmup).report(), compare([b], warmup=warmup).report()
+    return diff_tables(ra.tables["breakdown"].frame, rb.tables["breakdown"].frame,
+                       ra.tables["collectives"].frame, rb.tables["collectives"].frame)
