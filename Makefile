@@ -15,6 +15,7 @@ $(PY):
 
 $(STAMP): $(PY) setup.cfg pyproject.toml requirements-test.txt
 	$(PIP) install -q -r requirements-test.txt
+	$(PIP) install -q --no-deps holistictraceanalysis==0.5.0
 	$(PIP) install -q -e '.[test]'
 	touch $(STAMP)
 
