@@ -13,9 +13,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(STAMP): $(PY) setup.cfg pyproject.toml requirements-test.txt
+$(STAMP): $(PY) setup.cfg pyproject.toml requirements-test.txt .ci/build_horovod.sh
 	$(PIP) install -q -r requirements-test.txt
 	$(PIP) install -q --no-deps holistictraceanalysis==0.5.0
+	PY=$(PY) bash .ci/build_horovod.sh
 	$(PIP) install -q -e '.[test]'
 	touch $(STAMP)
 
@@ -29,7 +30,8 @@ demo: $(STAMP)
 	$(VENV)/bin/commprof report $(DEMO_DIR) --out-dir $(DEMO_DIR)/report
 
 test: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/commprof/torch_extensions}" \
+		$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/overhead.py

@@ -46,6 +46,7 @@ class RunAnalysis:
     batch_size: Optional[int]
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
     telemetry: pd.DataFrame = field(default_factory=pd.DataFrame)       # per rank (GPU metrics)
+    phases: pd.DataFrame = field(default_factory=pd.DataFrame)          # Horovod timeline phases
     kernel_shares: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank
     gpu_breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank (HTA definitions)
 
@@ -99,12 +100,13 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     kshares: List[pd.DataFrame] = []
     kbreak: List[pd.DataFrame] = []
     teles: List[pd.DataFrame] = []
+    phases: List[pd.DataFrame] = []
 
     def work(chunk):
         ev = Events.of(chunk)
         steps = breakdown.measured(breakdown.per_step(ev), warmup)
         if steps.empty:
-            return steps, (None, None, None)
+            return steps, (None, None, None, None)
         comm = None
         is_comm = ev.cat == 3
         if is_comm.any():
@@ -126,7 +128,13 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             m = m[m["name"].astype(str).str.startswith("gpu.")]
             if len(m):
                 tele = telemetry_per_rank(m)
-        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), (comm, kern, tele)
+        phase = None
+        is_phase = ev.cat == 7
+        if is_phase.any():
+            ph = chunk.filter(pa_mask(is_phase)).select(["name", "detail", "t_start", "t_end"]).to_pandas()
+            phase = ph[ph["name"].astype(str) != "ready"].assign(
+                name=lambda d: d["name"].astype(str), ms=lambda d: (d["t_end"] - d["t_start"]) / 1e6)
+        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), (comm, kern, tele, phase)
 
     # Two chunks in flight: numpy's sorts and scans release the GIL, so the
     # sweep of one chunk runs beside the decoding / folding of another.
@@ -148,12 +156,14 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             if not pending:
                 break
             chunk, fut = pending.popleft()
-            steps, (comm, kern, tele) = fut.result()
+            steps, (comm, kern, tele, phase) = fut.result()
             if steps.empty:
                 continue
             parts.append(steps)
             if tele is not None:
                 teles.append(tele)
+            if phase is not None:
+                phases.append(phase)
             if kern is not None:
                 kshares.append(kern[0])
                 kbreak.append(kern[1])
@@ -175,6 +185,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         meta["framework"] = "none"
     return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
                        pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
+                       pd.concat(phases, ignore_index=True) if phases else pd.DataFrame(),
                        pd.concat(kshares, ignore_index=True) if kshares else pd.DataFrame(),
                        pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame())
 
@@ -303,6 +314,24 @@ def telemetry_per_rank(m: pd.DataFrame) -> pd.DataFrame:
                            ("samples", n, "gpu.util")):
         out[col] = src[name].to_numpy() if name in src else np.nan
     return out
+
+
+def phase_table(runs: List[RunAnalysis]) -> pd.DataFrame:
+    """Horovod timeline phases per config and GPU count: count, total and
+    mean ms, tensors; NEGOTIATE_* is time spent waiting for every rank to
+    report the tensor ready."""
+    frames = []
+    for (label, gpus), members in _groups(runs).items():
+        ph = [m.phases for m in members if len(m.phases)]
+        if not ph:
+            continue
+        p = pd.concat(ph, ignore_index=True)
+        t = p.groupby("name").agg(count=("ms", "size"), total_ms=("ms", "sum"), mean_ms=("ms", "mean"),
+                                  max_ms=("ms", "max"), tensors=("detail", "nunique")).reset_index()
+        t.insert(0, "gpus", gpus)
+        t.insert(0, "config", label)
+        frames.append(t.sort_values("total_ms", ascending=False))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def telemetry_table(runs: List[RunAnalysis]) -> pd.DataFrame:

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(CUDA kernels, NCCL, cuDNN) and merge the kernels into the trace")
     r.add_argument("--telemetry", choices=("auto", "on", "off"), default="auto",
                    help="GPU telemetry through NVML (auto: when CUDA is available)")
+    r.add_argument("--horovod-timeline", action="store_true",
+                   help="also turn on HOROVOD_TIMELINE and merge its phases (negotiation, fusion, "
+                        "transfers) into the trace")
     r.add_argument("--telemetry-interval", type=float, default=1.0, metavar="S",
                    help="seconds between GPU telemetry samples (default 1)")
     r.add_argument("--no-device-timing", action="store_true",
@@ -156,7 +159,7 @@ def cmd_record(args) -> int:
                 nvtx=not args.no_nvtx, disable=args.disable, labels=_labels(args.label),
                 keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject,
                 kernels=args.kernels, telemetry=args.telemetry, device_timing=not args.no_device_timing,
-                telemetry_interval=args.telemetry_interval)
+                telemetry_interval=args.telemetry_interval, horovod_timeline=args.horovod_timeline)
     return exit_like(rc)
 
 

@@ -155,7 +155,7 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
            nvtx: bool = True, disable: List[str] = (), labels: Optional[Dict[str, str]] = None,
            keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = (),
            kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
-           telemetry_interval: float = 1.0) -> int:
+           telemetry_interval: float = 1.0, horovod_timeline: bool = False) -> int:
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
@@ -191,6 +191,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
     shard_dir = os.path.join(out_dir, "shards")
     os.makedirs(shard_dir, exist_ok=True)
     env = child_env(config, boot_dir)
+    if horovod_timeline:
+        env["HOROVOD_TIMELINE"] = os.path.join(shard_dir, trace.HOROVOD_TIMELINE_FILE)
 
     returncode = _run(cmd, env)
 
@@ -270,7 +272,8 @@ def _merge(out_dir: str, shard_dir: str, config: Config, keep_shards: bool) -> N
     if not keep_shards:
         import glob as _glob
 
-        for path in shards + journals + _glob.glob(os.path.join(shard_dir, "kineto.*.json.gz")):
+        for path in shards + journals + _glob.glob(os.path.join(shard_dir, "kineto.*.json.gz")) + \
+                _glob.glob(os.path.join(shard_dir, trace.HOROVOD_TIMELINE_FILE)):
             for p in (path, path[: -len(".arrows")] + ".meta.json" if path.endswith(".arrows") else None):
                 if p:
                     try:

@@ -73,6 +73,10 @@ class Recorder:
         self.models: Dict[str, int] = {}
         self.run_info: Dict[str, Any] = {}
         self.last_comm_issue = 0
+        # A framework's own step (DeepSpeed's engine.step) can hold the step
+        # boundary until it returns: optimizer steps inside only count.
+        self.hold_step = 0
+        self.held_optimizer_steps = 0
         self.timer = None
         self._timer_checked = False
         self.telemetry = None

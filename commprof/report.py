@@ -122,6 +122,12 @@ def build_report(runs, warmup: int = 1):
                    ("span_ms", "span ms", ".1f"), ("idle_pct", "idle %", ".2f"),
                    ("compute_pct", "compute %", ".2f"), ("non_compute_pct", "non-compute %", ".2f"),
                    ("overlap_pct", "comm/compute overlap %", ".2f")])
+    phases = scaling.phase_table(runs)
+    if len(phases):
+        tables["horovod_phases"] = Table("Horovod timeline phases (rank 0, the coordinator)", phases, [
+            ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("name", "phase", ""),
+            ("count", "count", "d"), ("tensors", "tensors", "d"), ("total_ms", "total ms", ".2f"),
+            ("mean_ms", "mean ms", ".3f"), ("max_ms", "max ms", ".3f")])
     tele = scaling.telemetry_table(runs)
     if len(tele):
         tables["telemetry"] = Table("GPU telemetry per rank (NVML)", tele, [

@@ -12,7 +12,8 @@ rank       global rank of the process that recorded the event
 step       index (from 0) of the optimizer step the event belongs to; events
            after the last optimizer step carry the next index
 category   ``step`` | ``data`` | ``compute`` | ``comm`` | ``wait`` | ``metric`` |
-           ``kernel`` (GPU activity: name = kernel class, detail = kernel)
+           ``kernel`` (GPU activity: name = kernel class, detail = kernel) |
+           ``phase`` (Horovod timeline phase: detail = tensor, items = depth)
 name       what happened: ``step``, ``dataloader``, ``forward``, ``backward``,
            ``optimizer``, ``all_reduce``, ``broadcast`` ... (collectives use the
            nccl-tests names)
@@ -53,7 +54,7 @@ META_VERSION = b"commprof.schema_version"
 META_RUN = b"commprof.run"
 META_RANKS = b"commprof.ranks"
 
-CATEGORIES = ("step", "data", "compute", "comm", "wait", "metric", "kernel")
+CATEGORIES = ("step", "data", "compute", "comm", "wait", "metric", "kernel", "phase")
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
 

@@ -121,7 +121,8 @@ def start(config: Config, hook_exits: bool = True) -> Session:
         session.recorder.run_info["labels"] = dict(config.labels)
     if hook_exits:
         session.hook_exits()
-    _importhook.when_imported("torch", lambda _m: session.install_for("torch"))
+    for trigger in sorted({cls.trigger for cls in ALL.values()}):
+        _importhook.when_imported(trigger, lambda _m, t=trigger: session.install_for(t))
     return session
 
 

@@ -103,11 +103,17 @@ def salvage_journal(path: str) -> Tuple[Optional[pa.Table], Dict[str, Any]]:
     return table, meta
 
 
+HOROVOD_TIMELINE_FILE = "horovod_timeline.json"
+
+
 def _with_kernels(folder: str, table: pa.Table, meta: Dict[str, Any]) -> pa.Table:
-    """Kernel mode: append the GPU activity of the rank's torch.profiler
-    window (``kineto.<host>.<pid>.json.gz``), moved onto the rank's clock."""
-    path = os.path.join(folder, f"kineto.{meta.get('host')}.{meta.get('pid')}.json.gz")
-    if not os.path.exists(path):
+    """Append what other tools wrote beside the rank's shard, moved onto the
+    rank's clock: kernel mode's torch.profiler window
+    (``kineto.<host>.<pid>.json.gz``) and, for rank 0, the Horovod timeline."""
+    kpath = os.path.join(folder, f"kineto.{meta.get('host')}.{meta.get('pid')}.json.gz")
+    hpath = os.path.join(folder, HOROVOD_TIMELINE_FILE)
+    has_h = int(meta.get("rank", -1)) == 0 and os.path.exists(hpath)
+    if not os.path.exists(kpath) and not has_h:
         return table
     from . import kineto
 
@@ -124,9 +130,18 @@ def _with_kernels(folder: str, table: pa.Table, meta: Dict[str, Any]) -> pa.Tabl
         i = bisect.bisect_left(end_times, t)
         return ends[i][1] if i < len(ends) else last
 
-    rows, kmeta = kineto.convert(kineto._load(path), path, rank=int(meta.get("rank", 0)), kernels_only=True,
-                                 clock_offset_ns=offset, step_of_time=step_of)
-    meta["kernels"] = kmeta["kernels"]
+    rows: List[tuple] = []
+    if os.path.exists(kpath):
+        krows, kmeta = kineto.convert(kineto._load(kpath), kpath, rank=int(meta.get("rank", 0)),
+                                      kernels_only=True, clock_offset_ns=offset, step_of_time=step_of)
+        meta["kernels"] = kmeta["kernels"]
+        rows += krows
+    if has_h:
+        from . import horovod_timeline
+
+        hrows, summary = horovod_timeline.convert(horovod_timeline.parse(hpath), -offset)
+        meta["horovod_timeline"] = summary
+        rows += [(step_of(r[5]),) + r[1:] for r in hrows]
     if not rows:
         return table
     extra = schema.add_rank(schema.rows_to_batch(rows), int(meta.get("rank", 0)))
@@ -299,7 +314,7 @@ def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = N
     run["hosts"] = sorted({r.get("host") for r in ranks if r.get("host")})
     run["salvaged_ranks"] = sorted(r.get("rank") for r in ranks if r.get("status") == "salvaged")
     for key in ("torch", "cuda", "backend", "framework", "loader", "loader_workers", "model",
-                "batch_size", "image_size", "dataset_size", "kernel_window", "horovod", "deepspeed", "dali"):
+                "batch_size", "image_size", "dataset_size", "kernel_window", "zero_stage", "horovod", "deepspeed", "dali"):
         values = [r.get(key) for r in ranks if r.get(key) is not None]
         if values:
             counts = Counter(json.dumps(v, sort_keys=True) for v in values)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from .autograd import AutogradInstrument
 from .collectives import CollectivesInstrument
+from .dali import DaliInstrument
 from .dataloader import DataLoaderInstrument
 from .ddp import DDPInstrument
+from .deepspeed import DeepSpeedInstrument
+from .horovod import HorovodInstrument
 from .module import ModuleInstrument
 from .optim import OptimizerInstrument
 
@@ -19,4 +22,7 @@ ALL = {cls.name: cls for cls in (
     DataLoaderInstrument,
     CollectivesInstrument,
     DDPInstrument,
+    HorovodInstrument,
+    DeepSpeedInstrument,
+    DaliInstrument,
 )}

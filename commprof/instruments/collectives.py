@@ -64,32 +64,42 @@ def size_of(rule, values, group_size):
     if rule == "inlist":
         lst = values[1]
         return sum(tensor_bytes(t) for t in lst), (str(lst[0].dtype) if lst else None)
+    if rule == "list0":
+        lst = values[0]
+        return sum(tensor_bytes(t) for t in lst), (str(lst[0].dtype) if lst else None)
     raise ValueError(rule)
 
 
 class CollectivesInstrument(Instrument):
     name = "collectives"
+    #: recorded as the events' source
+    source = "torch.distributed"
+    specs = SPECS
 
-    def _install(self) -> None:
+    def _modules(self):
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
-        if not dist.is_available():
-            return
+        return [dist, c10d] if dist.is_available() else []
+
+    def _install(self) -> None:
+        import torch.distributed as dist
+
         self._dist = dist
-        for fname in SPECS:
-            for mod in (dist, c10d):
+        for mod in self._modules():
+            for fname in self.specs:
                 if hasattr(mod, fname):
                     self.patch(mod, fname, functools.partial(self._wrap, fname))
 
     def _wrap(self, fname, original):
         inst = self
         rec = self.rec
-        op, params, rule = SPECS[fname]
+        source = self.source
+        op, params, rule = self.specs[fname]
         tls = rec.tls
         n_params = len(params)
         i_group = params.index("group")
-        i_async = params.index("async_op")
+        i_async = params.index("async_op") if "async_op" in params else None
 
         @functools.wraps(original)
         def collective(*args, **kwargs):
@@ -101,7 +111,7 @@ class CollectivesInstrument(Instrument):
                 for i, p in enumerate(params):
                     if p in kwargs:
                         values[i] = kwargs[p]
-                is_async = bool(values[i_async])
+                is_async = bool(values[i_async]) if i_async is not None else False
                 gname, gsize = rec.groups(inst._dist, values[i_group])
                 nbytes, dtype = size_of(rule, values, gsize)
                 seq = rec.next_seq(gname)
@@ -122,14 +132,14 @@ class CollectivesInstrument(Instrument):
                 if not is_async or work is None:
                     t1 = now()
                     rec.nvtx.end(rid)
-                    rec.collective(op, "torch.distributed", fname, t0, t1, nbytes, dtype,
+                    rec.collective(op, source, fname, t0, t1, nbytes, dtype,
                                    gname, gsize, seq, step, blocking=True)
                 else:
                     def done(fut, _rid=rid):
                         t1 = now()
                         try:
                             rec.nvtx.end(_rid)
-                            rec.collective(op, "torch.distributed", fname, t0, t1, nbytes, dtype,
+                            rec.collective(op, source, fname, t0, t1, nbytes, dtype,
                                            gname, gsize, seq, step, blocking=False)
                         except Exception as exc:
                             inst.fail(exc)

@@ -45,7 +45,10 @@ class OptimizerInstrument(Instrument):
                 self.rec.region_dev("compute", "optimizer", "torch.optim",
                                     type(optimizer).__name__, self._t0, t1, self._dev)
                 self._t0 = None
-                self.rec.end_step(t1, "torch.optim")
+                if self.rec.hold_step:
+                    self.rec.held_optimizer_steps += 1
+                else:
+                    self.rec.end_step(t1, "torch.optim")
         except Exception as exc:
             self.fail(exc)
         return None

@@ -1,0 +1,154 @@
+"""Horovod, DeepSpeed and DALI recorded with the same zero-code record
+(real processes on CPU: horovodrun --gloo, torchrun + DeepSpeed ZeRO, a DALI
+CPU pipeline), compared side by side with DDP."""
+import json
+import os
+import sys
+
+import pytest
+
+# Imported up front: these packages add their own import hooks to
+# sys.meta_path, which the leak fixture would otherwise blame on commprof.
+import deepspeed  # noqa: E402
+import deepspeed.comm as dc  # noqa: E402
+import horovod.torch as hvd  # noqa: E402
+import horovod.torch.mpi_ops as mpi_ops  # noqa: E402
+import horovod.torch.optimizer as hopt  # noqa: E402
+import nvidia.dali.plugin.pytorch as dali  # noqa: E402
+
+from commprof import session, trace
+from commprof.cli import main
+from commprof.config import Config
+from conftest import ROOT, TINY
+
+PY = sys.executable
+WL = os.path.join(ROOT, "tests", "workloads")
+STEPS = 6
+
+
+def test_horovodrun_two_ranks(record):
+    proc, out = record(["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY,
+                        os.path.join(WL, "tiny_hvd.py"), "--steps", str(STEPS), "--result-dir", "{res}"],
+                       "--horovod-timeline")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = proc.results
+    run = trace.load(out)
+    ev = run.table.to_pandas()
+    assert run.meta["framework"] == "horovod" and run.meta["world_size"] == 2
+    assert sorted(ev["rank"].unique()) == [0, 1]
+    for r in (0, 1):
+        c = ev[(ev["rank"] == r) & (ev["category"] == "comm")]
+        ar = c[(c["name"] == "all_reduce") & (c["step"] < STEPS)]
+        # DistributedOptimizer: one allreduce per parameter per step, summing to the gradients
+        assert (ar.groupby("step").size() == 4).all()
+        assert (ar.groupby("step")["bytes"].sum() == res[r]["grad_bytes"]).all()
+        # broadcast_parameters: the whole state once
+        assert c[c["name"] == "broadcast"]["bytes"].sum() == res[r]["state_bytes"]
+        assert set(ar["detail"].astype(str)) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # tensor names
+        # time blocked in synchronize() is exposed communication
+        assert (ev[(ev["rank"] == r)]["name"] == "hvd_synchronize").sum() >= 4 * STEPS
+        assert (ev[(ev["rank"] == r) & (ev["category"] == "step")].shape[0]) == STEPS
+    # HOROVOD_TIMELINE phases, parsed from the real file rank 0 wrote
+    ph = ev[ev["category"] == "phase"]
+    names = set(ph["name"].astype(str))
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER"} <= names
+    assert set(ph["rank"]) == {0}
+    assert (ph["t_end"] >= ph["t_start"]).all()
+    # phases sit inside the recorded run on rank 0's clock
+    r0 = ev[ev["rank"] == 0]
+    assert ph["t_start"].min() >= r0["t_start"].min() - 5_000_000_000
+    assert ph["t_end"].max() <= r0["t_end"].max() + 5_000_000_000
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_deepspeed_zero_stages(record, zero):
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "tiny_ds.py"),
+                        "--zero", str(zero), "--steps", "5", "--result-dir", "{res}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = proc.results
+    run = trace.load(out)
+    ev = run.table.to_pandas()
+    assert run.meta["framework"] == "deepspeed" and run.meta["zero_stage"] == zero
+    c = ev[(ev["rank"] == 0) & (ev["category"] == "comm") & (ev["step"] < 5)]
+    assert set(c["source"].astype(str)) == {"deepspeed.comm"}  # recorded once, at the deepspeed.comm level
+    params = res[0]["param_bytes"]
+    per_step = c.groupby(["step", c["name"].astype(str)])["bytes"].sum().unstack(fill_value=0)
+    if zero == 0:
+        assert (per_step["all_reduce"] >= params).all()
+    elif zero == 2:
+        # gradients reduced, updated partitions gathered back: both cover all parameters
+        assert (per_step["all_reduce"] >= params).all()
+        assert (per_step["all_gather"] >= params).all()
+    else:
+        assert (per_step["reduce_scatter"] >= params).all()
+        assert (per_step["all_gather"] > 0).all()
+    assert (ev[(ev["rank"] == 0) & (ev["category"] == "step")].shape[0]) == 5
+
+
+def test_deepspeed_launcher(record):
+    proc, out = record(["deepspeed", "--num_gpus", "2", os.path.join(WL, "tiny_ds.py"), "--zero", "1",
+                        "--steps", "3", "--result-dir", "{res}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = trace.load(out)
+    assert run.meta["launcher"] == "deepspeed" and run.meta["ranks_recorded"] == 2
+
+
+def test_dali_cpu_pipeline(record, tmp_path):
+    proc, out = record([PY, os.path.join(WL, "tiny_dali.py"), "--data", str(tmp_path / "img"),
+                        "--result-dir", "{res}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = trace.load(out)
+    ev = run.table.to_pandas()
+    assert run.meta["loader"] == "dali"
+    d = ev[ev["category"] == "data"]
+    assert set(d["name"].astype(str)) == {"dali"} and set(d["source"].astype(str)) == {"DALI"}
+    steps = ev[ev["category"] == "step"]
+    assert len(steps) == 4 and (steps["items"] == 4).all() or (steps["items"].iloc[1:] == 4).all()
+    assert len(proc.results[0]["labels"]) == 16
+
+
+def test_side_by_side_report(record, tmp_path, capsys):
+    ddp, _ = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--steps", str(STEPS)])
+    hvd, _ = record(["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY,
+                     os.path.join(WL, "tiny_hvd.py"), "--steps", str(STEPS)])
+    ds, _ = record(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "tiny_ds.py"),
+                    "--zero", "2", "--steps", str(STEPS)])
+    outs = [str(tmp_path / f"rec{i}") for i in (1, 2, 3)]
+    assert main(["report", *outs, "--group-by", "framework", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["tables"]["breakdown"]
+    assert sorted(r["config"] for r in rows) == ["ddp", "deepspeed", "horovod"]
+    assert all(r["gpus"] == 2 and r["comm_busy_pct"] > 0 for r in rows)
+
+
+def test_framework_patches_are_removed(tmp_path):
+    before = (mpi_ops._allreduce_async, mpi_ops.synchronize, hvd.synchronize, hopt.synchronize,
+              dc.all_reduce, dc.comm.reduce_scatter_fn, deepspeed.initialize, dali.DALIGenericIterator.__next__)
+    s = session.start(Config(out_dir=str(tmp_path / "o"), run_id="t"), hook_exits=False)
+    assert {"horovod", "deepspeed", "dali"} <= set(s.instruments)
+    assert mpi_ops._allreduce_async is not before[0] and hopt.synchronize is not before[3]
+    assert dc.all_reduce is not before[4] and dali.DALIGenericIterator.__next__ is not before[7]
+    session.stop()
+    after = (mpi_ops._allreduce_async, mpi_ops.synchronize, hvd.synchronize, hopt.synchronize,
+             dc.all_reduce, dc.comm.reduce_scatter_fn, deepspeed.initialize, dali.DALIGenericIterator.__next__)
+    assert all(a is b for a, b in zip(before, after))
+
+
+def test_deepspeed_per_call_latency_is_right_where_its_logger_is_not(record):
+    """commprof's per-call all_reduce latency matches the script's own clock
+    around each blocking call; DeepSpeed's comms logger reports running
+    totals (its timer is never reset), so its figures grow with every call."""
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "ds_latency.py"),
+                        "--calls", "8", "--result-dir", "{res}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = proc.results[0]
+    mine = res["mine_ms"]
+    ev = trace.load(out).table.to_pandas()
+    c = ev[(ev["rank"] == 0) & (ev["category"] == "comm") & (ev["name"] == "all_reduce")].sort_values("seq")
+    ours = ((c["t_end"] - c["t_start"]) / 1e6).tolist()
+    assert len(ours) == len(mine) == 8
+    for a, b in zip(ours, mine):
+        assert a <= b + 0.05 and b - a <= 0.25 * b + 0.5, (ours, mine)
+    logged = next(v["latencies_ms"] for k, v in res["deepspeed_logger"].items() if k.startswith("all_reduce"))
+    assert logged == sorted(logged)                          # running totals
+    assert logged[-1] == pytest.approx(sum(mine), rel=0.3)   # ~ the sum of all calls so far
+    assert sum(logged) / len(logged) > 2 * sum(mine) / len(mine)
