@@ -1,0 +1,54 @@
+"""workloads/resnet.py: every framework x loader combination runs 2 ranks
+on CPU on the small real dataset and its loss goes down."""
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT, run, venv_env
+
+sys.path.insert(0, os.path.join(ROOT, "workloads"))
+from make_dataset import make  # noqa: E402
+
+PY = sys.executable
+RESNET = os.path.join(ROOT, "workloads", "resnet.py")
+ARGS = ["--image-size", "32", "--steps", "16", "--lr", "0.2", "--no-val"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("digits"))
+    make(out, size=32)
+    return out
+
+
+def launch(framework, zero=0):
+    if framework == "horovod":
+        return ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY, RESNET, "--framework", "horovod"]
+    cmd = ["torchrun", "--standalone", "--nproc_per_node=2", RESNET, "--framework", framework]
+    return cmd + (["--zero-stage", str(zero)] if framework == "deepspeed" else [])
+
+
+@pytest.mark.parametrize("loader", ["native", "dali", "synthetic"])
+@pytest.mark.parametrize("framework,zero", [("ddp", 0), ("horovod", 0), ("deepspeed", 0), ("deepspeed", 2)])
+def test_combination_trains(framework, zero, loader, data, tmp_path):
+    result = tmp_path / "result.json"
+    proc = run(launch(framework, zero) + ["--loader", loader, "--data", data, "--result", str(result)] + ARGS,
+               timeout=400, env=venv_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    r = json.loads(result.read_text())
+    assert r["world_size"] == 2 and r["framework"] == framework and r["steps"] == 16
+    first, last = sum(r["losses"][:5]) / 5, sum(r["losses"][-5:]) / 5
+    assert last < 0.8 * first, r["losses"]
+
+
+def test_default_run_validates(tmp_path):
+    """No arguments but the output: ResNet-18 on generated images, one
+    process, validation accuracy per epoch."""
+    result = tmp_path / "r.json"
+    proc = run([PY, RESNET, "--steps", "6", "--image-size", "32", "--result", str(result)], env=venv_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(result.read_text())
+    assert r["framework"] == "none" and r["world_size"] == 1
+    assert 0 <= r["epochs"][0]["top1"] <= r["epochs"][0]["top5"] <= 100
