@@ -5,11 +5,10 @@ labelled ``dali`` so loaders can be compared. Works the same for CPU
 pipelines (``device_id=None``) and GPU pipelines."""
 from __future__ import annotations
 
-import functools
 import sys
 
-from .base import Instrument, leading_dim
-from ..recorder import now
+from .base import Instrument
+from .dataloader import timed_next
 
 
 class DaliInstrument(Instrument):
@@ -30,35 +29,7 @@ class DaliInstrument(Instrument):
             pass
 
     def _wrap(self, original):
-        inst = self
-        rec = self.rec
+        return timed_next(self, original, "dali", "DALI", self._label)
 
-        @functools.wraps(original)
-        def __next__(it):
-            if not inst.active:
-                return original(it)
-            try:
-                inst.check_fault()
-                rec.run_info["loader"] = "dali"
-                rec.nvtx.push("data")
-                t0 = now()
-            except Exception as exc:
-                inst.fail(exc)
-                return original(it)
-            ok = False
-            try:
-                batch = original(it)
-                ok = True
-                return batch
-            finally:
-                t1 = now()
-                try:
-                    rec.nvtx.pop()
-                    n = leading_dim(batch) if ok else None
-                    if n:
-                        rec.step_data_items += n
-                    rec.region("data", "dali", "DALI", type(it).__name__ if ok else "StopIteration", t0, t1, n)
-                except Exception as exc:
-                    inst.fail(exc)
-
-        return __next__
+    def _label(self, it) -> None:
+        self.rec.run_info["loader"] = "dali"
