@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.commprof-installed
+BASE := $(VENV)/.commprof-base
 DEMO_DIR ?= commprof-demo
 PYTEST_ARGS ?=
 
@@ -13,7 +14,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(STAMP): $(PY) setup.cfg pyproject.toml requirements-test.txt .ci/build_horovod.sh
+# What `make demo` needs: torch, torchvision and commprof itself.
+$(BASE): $(PY) setup.cfg pyproject.toml requirements-torch.txt
+	$(PIP) install -q -r requirements-torch.txt
+	$(PIP) install -q -e .
+	touch $(BASE)
+
+# Everything the whole test suite needs (frameworks, DALI, notebooks, HTA).
+$(STAMP): $(PY) setup.cfg pyproject.toml requirements-torch.txt requirements-test.txt .ci/build_horovod.sh
 	$(PIP) install -q -r requirements-test.txt
 	$(PIP) install -q --no-deps holistictraceanalysis==0.5.0
 	PY=$(PY) bash .ci/build_horovod.sh
@@ -24,7 +32,7 @@ install: $(STAMP)
 
 # Record the default workload (ResNet-18, DDP, 2 CPU ranks, gloo), print the
 # report and write report files into $(DEMO_DIR)/report/.
-demo: $(STAMP)
+demo: $(BASE)
 	rm -rf $(DEMO_DIR)
 	$(VENV)/bin/commprof record -o $(DEMO_DIR) --nproc 2 -- $(PY) workloads/resnet.py
 	$(VENV)/bin/commprof report $(DEMO_DIR) --out-dir $(DEMO_DIR)/report
