@@ -28,6 +28,7 @@ first ``--warmup`` steps are left out), so it can be compared with
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import os
@@ -243,6 +244,8 @@ def evaluate(model, loader, device, framework, hvd):
 
 def main(argv=None):
     args = parse_args(argv)
+    if not faulthandler.is_enabled():
+        faulthandler.enable()  # a crash in native code prints every thread's Python stack
     framework, rank, world, device, hvd = setup(args)
     import torchvision
 
@@ -370,8 +373,12 @@ def main(argv=None):
             if path:
                 with open(path, "w") as fh:
                     json.dump(data, fh)
-    if framework == "ddp" and dist.is_initialized():
-        dist.destroy_process_group()  # DeepSpeed tears its own group down at exit
+    if framework in ("ddp", "deepspeed") and dist.is_initialized():
+        # Orderly teardown: no rank leaves while a peer's gloo pairs may
+        # still be talking to it (a rank that exits first can make its
+        # peer's transport threads abort at exit), then free the group.
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 
