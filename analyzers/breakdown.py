@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .events import Events
-from .intervals import first_cover, segments
+from .intervals import pattern_table
 
 CATEGORIES = ("data", "comm", "compute", "other")
 STEP_COLUMNS = ["rank", "step", "t_start", "t_end", "step_time", "items", "data", "comm", "compute",
@@ -43,21 +43,54 @@ STEP_COLUMNS = ["rank", "step", "t_start", "t_end", "step_time", "items", "data"
 
 def _rank_keys(ev: Events):
     """Map (rank, t) to one int64 time line on which ranks do not overlap:
-    key = rank_index << shift | (t - t0[rank]). Returns (key function,
-    rank values)."""
-    ranks, ridx = np.unique(ev.rank, return_inverse=True)
+    key = rank_index << shift | (t - t0[rank]). Returns (key start, key
+    end, rank values, rank index of each event)."""
+    r = ev.rank
+    lo, hi = int(r.min()), int(r.max())
+    if hi - lo < (1 << 22):
+        present = np.bincount(r - lo) > 0
+        ranks = np.flatnonzero(present) + lo
+        ridx = (np.cumsum(present) - 1)[r - lo]
+    else:
+        ranks, ridx = np.unique(r, return_inverse=True)
     t0 = np.full(len(ranks), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(t0, ridx, np.minimum(ev.t_start, ev.t_end))
-    local_end = np.maximum(ev.t_end, ev.t_start) - t0[ridx]
-    shift = max(int(local_end.max()).bit_length(), 1) if len(local_end) else 1
+    base = t0[ridx]
+    local_start = ev.t_start - base
+    local_end = ev.t_end - base
+    span = int(max(local_start.max(), local_end.max())) if len(r) else 0
+    shift = max(span.bit_length(), 1)
     if shift + max(len(ranks), 1).bit_length() > 62:
         raise ValueError("time span too large to analyse these ranks together")
+    hi_bits = ridx.astype(np.int64) << shift
+    return hi_bits | local_start, hi_bits | local_end, ranks, ridx
 
-    def key(t: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        r = ridx[mask]
-        return (r.astype(np.int64) << shift) | (t[mask] - t0[r])
 
-    return key, ranks, ridx
+# Interval sets of the sweep (bit j-1 of a cover pattern is set j).
+_DATA, _WAIT, _COMM_BLOCKING, _COMPUTE, _COMM_ASYNC = 1, 2, 3, 4, 5
+# category code (events.CAT_CODES) -> set: step 0 = window; comm async unless blocking
+_LABEL_OF_CAT = np.array([0, _DATA, _COMPUTE, _COMM_ASYNC, _WAIT, -1, -1, -1, -1], np.int8)
+
+
+def _pattern_weights() -> np.ndarray:
+    """(32 cover patterns) x (data, comm, compute, other, comm_busy,
+    data_busy, compute_busy, overlap): which figure a pattern's time adds
+    to. Exposed priority: data > blocking comm > compute > comm in flight >
+    other."""
+    p = np.arange(32)
+    bit = {j: (p >> (j - 1)) & 1 == 1 for j in range(1, 6)}
+    data = bit[_DATA]
+    blocking = ~data & (bit[_WAIT] | bit[_COMM_BLOCKING])
+    compute = ~data & ~blocking & bit[_COMPUTE]
+    inflight = ~data & ~blocking & ~compute & bit[_COMM_ASYNC]
+    other = ~(data | blocking | compute | inflight)
+    comm_any = bit[_COMM_BLOCKING] | bit[_COMM_ASYNC]
+    return np.stack([data, blocking | inflight, compute, other, comm_any, data,
+                     bit[_COMPUTE], comm_any & bit[_COMPUTE]], axis=1).astype(np.float64)
+
+
+_WEIGHTS = _pattern_weights()
+_FIGURES = ["data", "comm", "compute", "other", "comm_busy", "data_busy", "compute_busy", "overlap"]
 
 
 def per_step(data) -> pd.DataFrame:
@@ -72,23 +105,17 @@ def per_step(data) -> pd.DataFrame:
     if len(ev) == 0:
         return pd.DataFrame(columns=STEP_COLUMNS)
     is_step = ev.cat == 0
-    if not is_step.any():
+    n_steps = int(is_step.sum())
+    if not n_steps:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    key, ranks, ridx = _rank_keys(ev)
-    ws, we = key(ev.t_start, is_step), key(ev.t_end, is_step)
-    comm = ev.cat == 3
-    masks = [
-        ev.cat == 1,                              # data
-        (ev.cat == 4) | (comm & ev.blocking),     # blocking communication
-        ev.cat == 2,                              # compute
-        comm & ~ev.blocking,                      # communication in flight
-        comm,                                     # any collective (busy)
-    ]
-    sets = [(key(ev.t_start, m), key(ev.t_end, m)) for m in masks]
-    seg = segments(ws, we, sets)
-    label = first_cover(seg.covs[:4])
-    n = len(ws)
-    exposed = [seg.total(label == c) for c in range(5)]
+    kstart, kend, ranks, ridx = _rank_keys(ev)
+    label = _LABEL_OF_CAT[ev.cat]
+    label[(ev.cat == 3) & ev.blocking] = _COMM_BLOCKING
+    table, windows = pattern_table(kstart, kend, label, 5)
+    del kstart, kend
+    figures = np.zeros((n_steps, len(_FIGURES)))
+    step_pos = np.cumsum(is_step) - 1
+    figures[step_pos[windows]] = table @ _WEIGHTS
     out = pd.DataFrame({
         "rank": ranks[ridx[is_step]],
         "step": ev.step[is_step],
@@ -96,14 +123,7 @@ def per_step(data) -> pd.DataFrame:
         "t_end": ev.t_end[is_step],
         "step_time": (ev.t_end[is_step] - ev.t_start[is_step]).astype(np.float64),
         "items": ev.items[is_step],
-        "data": exposed[0],
-        "comm": exposed[1] + exposed[3],
-        "compute": exposed[2],
-        "other": exposed[4],
-        "comm_busy": seg.total(seg.covs[4]) if n else np.zeros(0),
-        "data_busy": seg.total(seg.covs[0]),
-        "compute_busy": seg.total(seg.covs[2]),
-        "overlap": seg.total(seg.covs[4] & seg.covs[2]),
+        **{name: figures[:, j] for j, name in enumerate(_FIGURES)},
     })
     return out.sort_values(["rank", "t_end"], kind="stable").reset_index(drop=True)[STEP_COLUMNS]
 

@@ -114,13 +114,61 @@ def _groups(key: np.ndarray):
         yield key[part[0]], part
 
 
+_INST_FIELDS = ("key", "op", "min_start", "max_start", "sum_end", "n", "bytes", "last_rank")
+_SEQ_BITS = 40
+
+
+def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Combine partial per-instance aggregates that share a key: earliest
+    issue, latest issue (and the rank that issued it), summed completions,
+    counts, largest message. Rows of one raw event are partials with
+    n = 1."""
+    if len(a["key"]) == 0:
+        return a
+    order = np.argsort(a["key"], kind="stable")  # runs of increasing keys: cheap to merge
+    key = a["key"][order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    mx = a["max_start"][order]
+    top = np.maximum.reduceat(mx, first)
+    sizes = np.diff(np.r_[first, len(key)])
+    # the latest issuer: last row of each instance that holds its maximum
+    hit = np.flatnonzero(mx == np.repeat(top, sizes))
+    which = np.searchsorted(first, hit, side="right") - 1
+    at = np.zeros(len(first), np.int64)
+    at[which] = hit                               # later hits overwrite earlier ones
+    return {
+        "key": key[first],
+        "op": a["op"][order[first]],
+        "min_start": np.minimum.reduceat(a["min_start"][order], first),
+        "max_start": top,
+        "sum_end": np.add.reduceat(a["sum_end"][order], first),
+        "n": np.add.reduceat(a["n"][order], first),
+        "bytes": np.fmax.reduceat(a["bytes"][order], first),
+        "last_rank": a["last_rank"][order[at]],
+    }
+
+
 class CollectiveStats:
-    """Accumulates collectives chunk by chunk (each chunk holds whole ranks)."""
+    """Accumulates collectives chunk by chunk (each chunk holds whole ranks).
+
+    Per collective instance (same group and sequence number on every rank)
+    it keeps a handful of numbers; partial aggregates of successive chunks
+    are combined when they outgrow the combined ones, so the work stays
+    linear and memory bounded by the number of instances."""
 
     def __init__(self):
         self.calls: Dict[tuple, dict] = {}
-        self._inst: Optional[pd.DataFrame] = None
-        self._rank_sums: Optional[pd.DataFrame] = None
+        self._names: Dict[str, Dict[str, int]] = {"group": {}, "op": {}}
+        self._acc: Optional[Dict[str, np.ndarray]] = None
+        self._pending: list = []
+        self._pending_rows = 0
+        self._rank_sums: Dict[tuple, list] = {}
+        self._inst_cache: Optional[pd.DataFrame] = None
+        self._t_ref: Optional[int] = None
+
+    def _ids(self, kind: str, values) -> np.ndarray:
+        table = self._names[kind]
+        return np.array([table.setdefault(v, len(table)) for v in values] + [-1], dtype=np.int64)
 
     # -- accumulation --------------------------------------------------------
     def add(self, comm, offsets: Optional[Dict[int, int]] = None) -> None:
@@ -151,15 +199,19 @@ class CollectiveStats:
             self._fold(op, source, b, lat_s[sel] * 1e3, algbw[sel], bus, nbytes[sel], gsize[sel])
         if "seq" in comm.column_names and "group" in comm.column_names:
             rank = _num(comm, "rank", np.int64, 0)
-            off = np.array([offsets.get(int(r), 0) for r in rank], np.int64) if offsets else 0
+            if offsets:
+                ur, inv = np.unique(rank, return_inverse=True)
+                off = np.array([offsets.get(int(r), 0) for r in ur], np.int64)[inv]
+            else:
+                off = 0
             g_codes, groups = _codes(comm.column("group"))
+            gid = self._ids("group", groups)[g_codes]
+            oid = self._ids("op", ops)[op_codes]
             seq = _num(comm, "seq", np.int64, -1)
-            ok = (seq >= 0) & (g_codes >= 0)
-            frame = pd.DataFrame({"group": np.asarray(groups, dtype=object)[g_codes[ok]] if ok.any() else [],
-                                  "seq": seq[ok], "op": np.asarray(ops, dtype=object)[op_codes[ok]],
-                                  "rank": rank[ok], "ts": (t0 + off)[ok], "te": (t1 + off)[ok],
-                                  "bytes": nbytes[ok]})
-            self._add_instances(frame)
+            ok = (seq >= 0) & (seq < (1 << _SEQ_BITS)) & (gid >= 0)
+            if ok.any():
+                self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], (t0 + off)[ok], (t1 + off)[ok],
+                                    nbytes[ok])
 
     def add_calls(self, c: pd.DataFrame) -> None:
         """Fold a per_call frame into the per (op, source, size bucket) sketches."""
@@ -181,25 +233,54 @@ class CollectiveStats:
         if len(gsize) and not np.isnan(gsize).all():
             acc["group_size"] = max(acc["group_size"], int(np.nanmax(gsize)))
 
-    def _add_instances(self, c: pd.DataFrame) -> None:
-        if c.empty:
-            return
-        keys = ["group", "seq"]
-        g = c.groupby(keys, sort=False)
-        agg = g.agg(op=("op", "first"), min_start=("ts", "min"), max_start=("ts", "max"),
-                    sum_end=("te", "sum"), n=("ts", "size"), bytes=("bytes", "max"))
-        agg["last_rank"] = c["rank"].to_numpy()[g["ts"].idxmax().to_numpy()]
-        agg = agg.reset_index()
-        if self._inst is not None:
-            both = pd.concat([self._inst, agg], ignore_index=True)
-            gb = both.groupby(keys, sort=False)
-            merged = gb.agg(op=("op", "first"), min_start=("min_start", "min"), max_start=("max_start", "max"),
-                            sum_end=("sum_end", "sum"), n=("n", "sum"), bytes=("bytes", "max"))
-            merged["last_rank"] = both["last_rank"].to_numpy()[gb["max_start"].idxmax().to_numpy()]
-            agg = merged.reset_index()
-        self._inst = agg
-        sums = c.groupby(["rank", "group"], sort=False).agg(sum_start=("ts", "sum"), n=("ts", "size")).reset_index()
-        self._rank_sums = sums if self._rank_sums is None else pd.concat([self._rank_sums, sums], ignore_index=True)
+    def _add_instances(self, gid, seq, oid, rank, ts, te, nbytes) -> None:
+        self._inst_cache = None
+        part = _reduce_instances({
+            "key": (gid << _SEQ_BITS) | seq, "op": oid, "min_start": ts, "max_start": ts,
+            "sum_end": te.astype(np.float64), "n": np.ones(len(ts), np.int64), "bytes": nbytes,
+            "last_rank": rank})
+        self._pending.append(part)
+        self._pending_rows += len(part["key"])
+        acc_rows = len(self._acc["key"]) if self._acc is not None else 0
+        if self._pending_rows > max(acc_rows, 1 << 20):
+            self._combine()
+        # per (rank, group): summed issue times and calls, for mean lateness
+        # (relative to the first issue time seen, so float sums stay exact enough)
+        if self._t_ref is None:
+            self._t_ref = int(ts.min())
+        rk = (rank << 20) | gid
+        u, inv = np.unique(rk, return_inverse=True)
+        sums = np.bincount(inv, weights=(ts - self._t_ref).astype(np.float64))
+        counts = np.bincount(inv)
+        for k, s_, c_ in zip(u.tolist(), sums.tolist(), counts.tolist()):
+            acc = self._rank_sums.setdefault((k >> 20, k & ((1 << 20) - 1)), [0.0, 0])
+            acc[0] += s_
+            acc[1] += c_
+
+    def _combine(self) -> None:
+        parts = self._pending + ([self._acc] if self._acc is not None else [])
+        self._pending, self._pending_rows = [], 0
+        if parts:
+            self._acc = _reduce_instances({f: np.concatenate([p[f] for p in parts]) for f in _INST_FIELDS})
+
+    @property
+    def _inst(self) -> Optional[pd.DataFrame]:
+        """Per instance: group, seq, op, min_start, max_start, sum_end, n,
+        bytes, last_rank (None before any collective with a sequence
+        number)."""
+        if self._inst_cache is not None:
+            return self._inst_cache
+        self._combine()
+        a = self._acc
+        if a is None or not len(a["key"]):
+            return None
+        groups = np.array(list(self._names["group"]), dtype=object)
+        ops = np.array(list(self._names["op"]), dtype=object)
+        self._inst_cache = pd.DataFrame({
+            "group": groups[a["key"] >> _SEQ_BITS], "seq": a["key"] & ((1 << _SEQ_BITS) - 1),
+            "op": ops[a["op"]], "min_start": a["min_start"], "max_start": a["max_start"],
+            "sum_end": a["sum_end"], "n": a["n"], "bytes": a["bytes"], "last_rank": a["last_rank"]})
+        return self._inst_cache
 
     # -- results ---------------------------------------------------------------
     def table(self, n_steps: int, n_ranks: int) -> pd.DataFrame:
@@ -254,13 +335,16 @@ class CollectiveStats:
         """Per rank: mean lateness (ms) of its arrival behind the earliest
         rank, and the fraction of instances it arrived last."""
         inst = self._inst
-        if inst is None or self._rank_sums is None:
+        if inst is None or not self._rank_sums:
             return pd.DataFrame(columns=["rank", "lateness_ms", "last_pct", "instances"])
         multi = inst[inst["n"] > 1]
         if multi.empty:
             return pd.DataFrame(columns=["rank", "lateness_ms", "last_pct", "instances"])
-        per_group = multi.groupby("group").agg(sum_min=("min_start", "sum"), k=("min_start", "size"))
-        sums = self._rank_sums.groupby(["rank", "group"]).sum().reset_index()
+        rel = multi.assign(min_start=(multi["min_start"] - self._t_ref).astype(np.float64))
+        per_group = rel.groupby("group").agg(sum_min=("min_start", "sum"), k=("min_start", "size"))
+        groups = list(self._names["group"])
+        sums = pd.DataFrame([(r, groups[g], v[0], v[1]) for (r, g), v in self._rank_sums.items()],
+                            columns=["rank", "group", "sum_start", "n"])
         sums = sums.join(per_group, on="group", how="inner")
         sums = sums[sums["n"] == sums["k"]]  # rank took part in every instance of the group
         if sums.empty:

@@ -82,6 +82,74 @@ def segments(windows_start: np.ndarray, windows_end: np.ndarray,
     return Segments(window, length[in_win], covs, n_win)
 
 
+def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_sets: int):
+    """Time per window per combination of covering interval sets.
+
+    ``labels[i]`` says what interval i is: 0 a window, 1..n_sets a member
+    of that set, anything else is ignored. Windows must not overlap; empty
+    windows are ignored.
+
+    Returns ``(table, windows)``: ``table[w, p]`` is the time of window w
+    (ns, float) during which exactly the sets whose bits are set in p
+    (bit j-1 for set j) cover; ``windows`` holds the indices (into the
+    inputs) of the windows, in time order, one per row of the table.
+
+    One stable argsort of all boundaries, then one running sum in which
+    every set has its own bit field counting its open intervals; a plain
+    running count checks that no field overflowed (else each set is counted
+    on its own)."""
+    labels = np.asarray(labels)
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    use = (labels >= 0) & (labels <= n_sets)
+    use &= (labels != 0) | (ends > starts)
+    if not use.all():
+        keep = np.flatnonzero(use)
+        starts, ends, lab = starts[keep], ends[keep], labels[keep].astype(np.int8)
+    else:
+        keep = None
+        lab = labels.astype(np.int8)
+    is_win = lab == 0
+    win_idx = np.flatnonzero(is_win)
+    win_idx = win_idx[np.argsort(starts[win_idx], kind="stable")]
+    n_win, n_pat = len(win_idx), 1 << n_sets
+    windows = keep[win_idx] if keep is not None else win_idx
+    if n_win == 0:
+        return np.zeros((0, n_pat)), windows
+    counts = np.bincount(lab, minlength=n_sets + 1)
+    code = np.concatenate([2 * lab + 1, 2 * lab]).astype(np.int8)  # start: odd, end: even
+    t = np.concatenate([starts, ends])
+    del starts, ends
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    code = code[order]
+    del order
+    last = np.flatnonzero(t[1:] != t[:-1])     # last boundary of each distinct time but the final one
+    length = (t[last + 1] - t[last]).astype(np.float64)
+    del t
+    width = [2] + [max(1, min(int(c).bit_length(), 59 // max(n_sets, 1))) for c in counts[1:]]
+    offset = np.concatenate([[0], np.cumsum(width)[:-1]]).astype(np.int64)
+    lut = np.empty(2 * (n_sets + 1), np.int64)
+    lut[1::2] = np.left_shift(1, offset)
+    lut[0::2] = -lut[1::2]
+    packed = np.cumsum(lut[code])[last]
+    fields = [(packed >> offset[f]) & ((1 << width[f]) - 1) for f in range(n_sets + 1)]
+    del packed
+    unit = np.empty(2 * (n_sets + 1), np.int8)
+    unit[1::2], unit[0::2] = 1, -1
+    if not np.array_equal(sum(fields), np.cumsum(unit[code], dtype=np.int32)[last]):
+        step = unit[code]        # a field overflowed: count each set on its own
+        fields = [np.cumsum(np.where(code >> 1 == f, step, 0), dtype=np.int32)[last] for f in range(n_sets + 1)]
+    in_win = fields[0] > 0
+    pattern = np.zeros(len(last), np.int64)
+    for f in range(1, n_sets + 1):
+        pattern |= (fields[f] > 0).astype(np.int64) << (f - 1)
+    # row: number of window starts seen so far - 1 (windows do not overlap)
+    row = np.cumsum(code == 1, dtype=np.int64)[last] - 1
+    cell = (row * n_pat + pattern)[in_win]
+    table = np.bincount(cell, weights=length[in_win], minlength=n_win * n_pat)[:n_win * n_pat]
+    return table.reshape(n_win, n_pat), windows
+
+
 def first_cover(covs: Sequence[np.ndarray]) -> np.ndarray:
     """Per segment: index of the first (highest-priority) set covering it,
     or len(covs) when none does."""
