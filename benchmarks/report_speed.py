@@ -2,14 +2,18 @@
 (not a test).
 
 Writes a merged trace of about ``--events`` events (``benchmarks/synth.py``
-shape: 11 events per rank and step with 4 DDP buckets), then times
+shape: 11 events per rank and step with 4 DDP buckets), then times, each
+as a fresh process (best of ``--repeats``, wall clock, peak resident
+memory as ``/usr/bin/time -f %M`` reports it):
 
-- a bare scan: ``pyarrow.parquet.read_table`` of the columns the report
-  reads (best of 3), and
-- ``commprof report TRACE --format json -o /dev/null`` as a separate
-  process (best of ``--repeats``), with its peak resident memory as
-  ``/usr/bin/time -f %M`` reports it (the trace is generated in another
-  process first: a child's ru_maxrss would include the forking parent's).
+- a bare scan: ``python -c "pyarrow.parquet.read_table(TRACE,
+  columns=<the columns the report reads>)"``;
+- ``commprof report TRACE --format json -o /dev/null``.
+
+It also prints the scan repeated inside one process (the allocator warm:
+the fastest a scan gets), for reference. The trace is generated in
+another process first (a child's ru_maxrss would include the forking
+parent's).
 
     python benchmarks/report_speed.py --events 10000000 --ranks 64
     python benchmarks/report_speed.py --events 100000000 --ranks 128 --repeats 1
@@ -59,26 +63,35 @@ def main():
                         "--ranks", str(args.ranks), "--dir", args.dir], check=True)
     n = pq.ParquetFile(path).metadata.num_rows
     size = os.path.getsize(path)
-    scans = []
+    warm = []
     for _ in range(3):
         t0 = time.perf_counter()
         pq.read_table(path, columns=REPORT_COLUMNS)
-        scans.append(time.perf_counter() - t0)
-    runs = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "commprof", "report", path,
-                               "--format", "json", "-o", os.devnull], capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode:
-            sys.exit(proc.stderr)
-        runs.append((wall, int(proc.stderr.strip().splitlines()[-1])))
-    best = min(r[0] for r in runs)
-    peak = max(r[1] for r in runs) / 1024
+        warm.append(time.perf_counter() - t0)
+    scan = [sys.executable, "-c", "import sys, pyarrow.parquet as pq; "
+            f"pq.read_table(sys.argv[1], columns={REPORT_COLUMNS!r})", path]
+    report = [sys.executable, "-m", "commprof", "report", path, "--format", "json", "-o", os.devnull]
+    scans, runs = [], []
+    for _ in range(args.repeats):  # interleaved, so both see the same machine
+        scans.append(timed(scan))
+        runs.append(timed(report))
+    s_best, r_best = min(w for w, _ in scans), min(w for w, _ in runs)
+    s_peak, r_peak = max(m for _, m in scans), max(m for _, m in runs)
     print(f"| {n:,} events ({args.ranks} ranks x {steps:,} steps, {size / 1e6:.0f} MB) "
-          f"| {min(scans):.2f} s | {best:.2f} s | x{best / min(scans):.1f} | {peak:.0f} MiB |")
+          f"| {s_best:.2f} s, {s_peak:.0f} MiB | {r_best:.2f} s, {r_peak:.0f} MiB | x{r_best / s_best:.1f} "
+          f"| {min(warm):.2f} s |")
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def timed(cmd):
+    """(wall seconds, peak RSS MiB) of a command run as a fresh process."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        sys.exit(proc.stderr)
+    return wall, int(proc.stderr.strip().splitlines()[-1]) / 1024
 
 
 if __name__ == "__main__":

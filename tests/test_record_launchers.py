@@ -40,6 +40,11 @@ def _check_ddp(out, res, world):
             # Sequence numbers match across ranks (same collective, same seq).
             seqs = buckets.sort_values("seq")["seq"].tolist()
             assert seqs == sorted(set(seqs))
+            # DDP's construction broadcast of the model state, before the first bucket
+            bc = mine[mine["detail"] == "_broadcast_coalesced"]
+            assert len(bc) == 1 and bc["name"].iloc[0] == "broadcast", bc
+            assert bc["bytes"].iloc[0] == res[r]["state_bytes"]
+            assert bc["seq"].iloc[0] < buckets["seq"].min()
         for name in ("forward", "backward", "optimizer"):
             assert (mine["name"] == name).sum() >= STEPS, name
         data = mine[mine["category"] == "data"]
@@ -59,7 +64,7 @@ def test_torchrun_two_ranks(record):
     assert run.meta["backend"] == "gloo"
     # Python-issued collectives after training are recorded too, with the same seq on both ranks.
     py = ev[ev["source"] == "torch.distributed"]
-    assert set(py["name"]) == {"all_reduce", "barrier"}
+    assert set(py["name"]) == {"broadcast", "all_reduce", "barrier"}  # broadcast: DDP construction
     a = py[py["rank"] == 0][["name", "seq", "bytes"]].reset_index(drop=True)
     b = py[py["rank"] == 1][["name", "seq", "bytes"]].reset_index(drop=True)
     assert a.equals(b)

@@ -40,6 +40,9 @@ SPECS = {
     "gather_into_tensor": ("gather", ("tensor", "gather_tensor", "dst", "group", "async_op"), "tn"),
     "scatter": ("scatter", ("tensor", "scatter_list", "src", "group", "async_op"), "tn"),
     "barrier": ("barrier", ("group", "async_op", "device_ids"), "none"),
+    # DDP's construction-time broadcast of parameters and buffers from rank 0
+    # (torch.distributed.utils._sync_params_and_buffers); S = all of them
+    "_broadcast_coalesced": ("broadcast", ("group", "tensor_list", "buffer_size", "src"), "list1"),
 }
 
 
@@ -62,6 +65,9 @@ def size_of(rule, values, group_size):
         t = values[1]
         return tensor_bytes(t) * group_size, str(t.dtype)
     if rule == "inlist":
+        lst = values[1]
+        return sum(tensor_bytes(t) for t in lst), (str(lst[0].dtype) if lst else None)
+    if rule == "list1":
         lst = values[1]
         return sum(tensor_bytes(t) for t in lst), (str(lst[0].dtype) if lst else None)
     if rule == "list0":

@@ -107,7 +107,9 @@ def train(rank, world, args):
         dist.barrier()
     report = {"rank": rank, "world": world, "losses": losses, "data_wait_ns": data_wait,
               "step_ns": step_times, "batch": args.batch,
-              "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
+              "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+              "state_bytes": sum(t.numel() * t.element_size()
+                                 for t in list(model.parameters()) + list(model.buffers()))}
     if args.result_dir:
         with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(report, fh)
