@@ -64,6 +64,8 @@ def venv_env(extra=None):
     env.pop("COMMPROF_OUT_DIR", None)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    # a native crash (SIGABRT, SIGSEGV) prints every thread's Python stack
+    env["PYTHONFAULTHANDLER"] = "1"
     # DeepSpeed JIT-compiles an op on first use: keep it between runs
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/commprof/torch_extensions"))
     if extra:

@@ -223,7 +223,27 @@ def all_sum(values, framework, hvd):
         return hvd.allreduce(t, op=hvd.Sum).tolist()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
+        _LAST_COLLECTIVE[:] = [t]
     return t.tolist()
+
+
+_LAST_COLLECTIVE: list = []
+
+
+def wait_released(tensors, timeout=10.0):
+    """Wait until torch.distributed's worker threads hold no reference to
+    these tensors (the last collective's), so that the process can exit.
+
+    With torch 2.14 and gloo, a worker thread that destroys a finished
+    collective's work after the interpreter has begun finalizing must take
+    the GIL to release the work's Python-owned tensors, and the process
+    aborts ("terminate called without an active exception"; a barrier keeps
+    the previous collective's work alive until the barrier's own work is
+    destroyed; pytorch/pytorch#190489). Seen in CI and reproduced here
+    under load (1 run in 14)."""
+    deadline = time.monotonic() + timeout
+    while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def evaluate(model, loader, device, framework, hvd):
@@ -374,10 +394,11 @@ def main(argv=None):
                 with open(path, "w") as fh:
                     json.dump(data, fh)
     if framework in ("ddp", "deepspeed") and dist.is_initialized():
-        # Orderly teardown: no rank leaves while a peer's gloo pairs may
-        # still be talking to it (a rank that exits first can make its
-        # peer's transport threads abort at exit), then free the group.
+        # Orderly teardown: all ranks done, gloo's worker threads have let
+        # go of the last collective's tensors (see wait_released), then the
+        # group is destroyed while the interpreter is fully alive.
         dist.barrier()
+        wait_released(_LAST_COLLECTIVE)
         dist.destroy_process_group()
     return 0
 

@@ -9,6 +9,7 @@ import time
 import deepspeed
 import deepspeed.comm as dist
 import torch
+from _exit import wait_released
 
 
 def main():
@@ -33,6 +34,7 @@ def main():
             logged[f"{op}:{size}"] = {"count": vals[0], "latencies_ms": list(vals[1])}
     with open(os.path.join(args.result_dir, f"rank{dist.get_rank()}.json"), "w") as fh:
         json.dump({"rank": dist.get_rank(), "mine_ms": mine, "deepspeed_logger": logged}, fh)
+    wait_released([t])  # see _exit.py
 
 
 if __name__ == "__main__":

@@ -1,0 +1,18 @@
+"""Exit safely after gloo collectives (shared by the test workloads)."""
+import time
+
+
+def wait_released(tensors, timeout=10.0):
+    """Wait until torch.distributed's worker threads hold no reference to
+    these tensors (the last collective's) before the process exits.
+
+    With torch 2.14 and gloo, a worker thread that destroys a finished
+    collective's work after the interpreter has begun finalizing must take
+    the GIL to release the work's Python-owned tensors, and the process
+    aborts ("terminate called without an active exception"; a barrier keeps
+    the previous collective's work alive until the barrier's own work is
+    destroyed; pytorch/pytorch#190489). workloads/resnet.py has the same
+    helper."""
+    deadline = time.monotonic() + timeout
+    while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
+        time.sleep(0.001)
