@@ -49,6 +49,32 @@ def test_install_and_uninstall_every_instrument(recording):
     assert not hasattr(torch.autograd.backward, "__commprof__")
 
 
+def test_ddp_broadcasts_recorded(recording, tmp_path):
+    """DDP's construction broadcast (parameters + buffers) and, with
+    broadcast_buffers (the default), the per-forward broadcast of the
+    buffers (BatchNorm statistics) are recorded with their bytes."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            loss = model(torch.randn(5, 8)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        dist.destroy_process_group()
+    session.stop()
+    ev = trace.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    bc = ev[(ev["category"] == "comm") & (ev["detail"] == "_broadcast_coalesced")].sort_values("seq")
+    params = (8 * 4 + 4 + 4 + 4) * 4
+    buffers = 4 * 4 + 4 * 4 + 8  # running mean, running var (float32), num_batches_tracked (int64)
+    assert list(bc["bytes"]) == [params + buffers, buffers, buffers, buffers]
+    assert (bc["name"] == "broadcast").all() and bc["blocking"].all()
+    assert list(bc["step"])[1:] == [0, 1, 2]  # one buffer broadcast per forward, inside its step
+
+
 def test_single_process_events(recording, tmp_path):
     _train(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
     session.stop()
