@@ -21,18 +21,52 @@ Rules (thresholds are shares of step time unless said otherwise):
   model itself (AMP, channels_last, cuDNN benchmark mode, larger batch);
 - "other" >= 20 %: time outside any recorded region (Python glue,
   logging, host-device syncs): profile the loop body;
+- a broadcast every step costing >= 2 % of the median step after all
+  ranks arrived (DDP's ``broadcast_buffers=True`` re-sends BatchNorm
+  statistics from rank 0 before every forward):
+  ``broadcast_buffers=False`` where ranks may keep their own statistics;
 - persistent stragglers are always reported.
 Trends: for each configuration, how each share changes from the smallest
 to the largest GPU count.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import pandas as pd
 
 DATA_BOUND, COMM_BOUND, COMPUTE_BOUND, OTHER_BOUND = 10.0, 20.0, 60.0, 20.0
+STEP_BROADCAST = 2.0  # % of the median step
+
+
+def _step_broadcast(r, colls: pd.DataFrame, sk) -> Optional[dict]:
+    """A finding for a Python-issued broadcast every step (DDP's buffer
+    sync), costed by its transfer time (after the last rank arrived: the
+    wait for late ranks would move elsewhere without it), or None."""
+    if not len(colls):
+        return None
+    b = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"]) & (colls["op"] == "broadcast")
+              & (colls["source"] == "torch.distributed")]
+    per_step = float(b["calls_per_step"].sum()) if len(b) else 0.0
+    step_ms = r.get("step_ms_median", np.nan)
+    if per_step < 0.9 or pd.isna(step_ms) or step_ms <= 0:
+        return None
+    lat = float(np.average(b["lat_ms_mean"], weights=b["calls"]))
+    each = lat
+    if sk is not None and len(sk) and (sk["op"] == "broadcast").any():
+        each = min(lat, max(0.0, float(sk.loc[sk["op"] == "broadcast", "transfer_ms_mean"].iloc[0])))
+    cost = per_step * each
+    share = 100.0 * cost / step_ms
+    if share < STEP_BROADCAST:
+        return None
+    nbytes = float(np.average(b["bytes_per_call"], weights=b["calls"]))
+    return {"finding": "a broadcast every step (DDP broadcast_buffers)",
+            "evidence": f"{per_step:.1f} broadcasts/step of {nbytes:,.0f} B cost {cost:.2f} ms per step after "
+                        f"all ranks arrived ({share:.1f} % of the median step, {step_ms:.2f} ms)",
+            "advice": "DDP(..., broadcast_buffers=False) if each rank may keep its own BatchNorm statistics "
+                      "(broadcast them once before evaluating or saving); SyncBatchNorm where they must be "
+                      "global; for a broadcast of your own, issue it less often"}
 
 
 def _fmt_pct(v) -> str:
@@ -92,6 +126,9 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
                          "advice": "send fewer bytes (fp16/bf16 gradients or a compression comm hook), "
                                    "a larger per-rank batch, hierarchical/NCCL tuning; DeepSpeed: the lowest "
                                    "ZeRO stage that fits in memory"})
+        bc = _step_broadcast(r, colls, skew.get(key))
+        if bc is not None:
+            rows.append({**base, "bound": bound, **bc})
         if r["compute_pct"] >= COMPUTE_BOUND:
             rows.append({**base, "bound": bound, "finding": "compute-bound (scales well)", "evidence": ev_shares,
                          "advice": "speed up the model itself: mixed precision, channels_last, cuDNN "

@@ -90,6 +90,26 @@ def test_bottleneck_rules(tmp_path):
     assert "bucket_cap_mb" in f[f["finding"] == "many small collectives"].iloc[0]["advice"]
 
 
+def test_per_step_broadcast_finding(tmp_path):
+    """A 3 ms buffer broadcast before every forward (3 / 46 ms = 6.5 % of a
+    step: 2 data + 3 + 10 forward + 28 backward with its wait + 3 optimizer)
+    is reported with its cost; a 0.1 ms one and none are not."""
+    def findings(name, bcast_ms):
+        path = run_of(tmp_path, name, 2, bcast_ms=bcast_ms)
+        report, _ = analyze([path], warmup=1)
+        f = report.tables["bottlenecks"].frame
+        return f[f["finding"].str.startswith("a broadcast every step")]
+
+    big = findings("big", 3)
+    assert len(big) == 1
+    row = big.iloc[0]
+    assert "broadcast_buffers=False" in row["advice"]
+    assert "1.0 broadcasts/step of 38,560 B cost 3.00 ms per step" in row["evidence"], row["evidence"]
+    assert "(6.5 % of the median step, 46.00 ms)" in row["evidence"], row["evidence"]
+    assert findings("small", 0.1).empty
+    assert findings("none", None).empty
+
+
 def test_streaming_chunks_give_the_same_answer(tmp_path):
     rows = {r: ddp_rank(r, 4, 7, arrive_ms=r * 0.5) for r in range(4)}
     path = write_run(tmp_path / "s.parquet", rows)

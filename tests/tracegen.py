@@ -14,11 +14,14 @@ def row(step, category, name, t0, t1, source="x", detail=None, nbytes=None, dtyp
 
 
 def ddp_rank(rank, world, steps, data_ms=2, fwd_ms=10, bwd_ms=20, opt_ms=3, bucket_ms=8, buckets=2,
-             bucket_bytes=4 * MS, batch=32, t0=0, arrive_ms=0.0, seq0=0, period_ms=None):
+             bucket_bytes=4 * MS, batch=32, t0=0, arrive_ms=0.0, seq0=0, period_ms=None, bcast_ms=None,
+             bcast_bytes=38_560):
     """Rows of one DDP-like rank: each step = data, forward, backward with
     ``buckets`` async allreduces (issued evenly inside backward, plus
     ``arrive_ms`` of lateness), a comm_wait tail, the optimizer, the step.
-    With ``period_ms`` every step starts on a fixed period (ranks in lockstep)."""
+    With ``period_ms`` every step starts on a fixed period (ranks in lockstep).
+    With ``bcast_ms`` each forward starts with DDP's blocking buffer
+    broadcast of that length (``bcast_bytes``)."""
     rows = []
     t = t0
     for s in range(steps):
@@ -27,6 +30,11 @@ def ddp_rank(rank, world, steps, data_ms=2, fwd_ms=10, bwd_ms=20, opt_ms=3, buck
         start = t
         rows.append(row(s, "data", "dataloader", t, t + data_ms * MS, source="DataLoader", items=batch))
         t += data_ms * MS
+        if bcast_ms is not None:
+            rows.append(row(s, "comm", "broadcast", t, t + int(bcast_ms * MS), source="torch.distributed",
+                            detail="_broadcast_coalesced", nbytes=bcast_bytes, dtype="torch.float32", group="0",
+                            group_size=world, seq=1_000_000 + s, blocking=True))
+            t += int(bcast_ms * MS)
         rows.append(row(s, "compute", "forward", t, t + fwd_ms * MS, source="nn.Module", detail="M", items=batch))
         t += fwd_ms * MS
         b0 = t
