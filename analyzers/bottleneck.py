@@ -48,14 +48,15 @@ def _step_broadcast(r, colls: pd.DataFrame, sk) -> Optional[dict]:
         return None
     b = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"]) & (colls["op"] == "broadcast")
               & (colls["source"] == "torch.distributed")]
-    per_step = float(b["calls_per_step"].sum()) if len(b) else 0.0
+    runs = max(1, int(r.get("runs", 1) or 1))  # the table has a row per run of the group
+    per_step = float(b["calls_per_step"].sum()) / runs if len(b) else 0.0
     step_ms = r.get("step_ms_median", np.nan)
     if per_step < 0.9 or pd.isna(step_ms) or step_ms <= 0:
         return None
     lat = float(np.average(b["lat_ms_mean"], weights=b["calls"]))
     each = lat
     if sk is not None and len(sk) and (sk["op"] == "broadcast").any():
-        each = min(lat, max(0.0, float(sk.loc[sk["op"] == "broadcast", "transfer_ms_mean"].iloc[0])))
+        each = min(lat, max(0.0, float(sk.loc[sk["op"] == "broadcast", "transfer_ms_mean"].mean())))
     cost = per_step * each
     share = 100.0 * cost / step_ms
     if share < STEP_BROADCAST:
@@ -99,7 +100,8 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
                          "evidence": f"data wait {_fmt_pct(r['data_pct'])} of {ev_shares}", "advice": advice})
         if r["comm_pct"] >= COMM_BOUND:
             c = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"])] if len(colls) else colls
-            calls_per_step = float(c["calls_per_step"].sum()) if len(c) else 0.0
+            runs = max(1, int(r.get("runs", 1) or 1))  # the table has a row per run of the group
+            calls_per_step = float(c["calls_per_step"].sum()) / runs if len(c) else 0.0
             med_bytes = float(np.average(c["bytes_per_call"], weights=c["calls"])) if len(c) and c["calls"].sum() else 0.0
             overlap = r.get("overlap_pct", np.nan)
             sk = skew.get(key)

@@ -235,9 +235,12 @@ class CollectiveStats:
 
     def _add_instances(self, gid, seq, oid, rank, ts, te, nbytes) -> None:
         self._inst_cache = None
+        # float sums are kept relative to the first issue time seen (exact enough)
+        if self._t_ref is None:
+            self._t_ref = int(ts.min())
         part = _reduce_instances({
             "key": (gid << _SEQ_BITS) | seq, "op": oid, "min_start": ts, "max_start": ts,
-            "sum_end": te.astype(np.float64), "n": np.ones(len(ts), np.int64), "bytes": nbytes,
+            "sum_end": (te - self._t_ref).astype(np.float64), "n": np.ones(len(ts), np.int64), "bytes": nbytes,
             "last_rank": rank})
         self._pending.append(part)
         self._pending_rows += len(part["key"])
@@ -245,9 +248,6 @@ class CollectiveStats:
         if self._pending_rows > max(acc_rows, 1 << 20):
             self._combine()
         # per (rank, group): summed issue times and calls, for mean lateness
-        # (relative to the first issue time seen, so float sums stay exact enough)
-        if self._t_ref is None:
-            self._t_ref = int(ts.min())
         rk = (rank << 20) | gid
         u, inv = np.unique(rk, return_inverse=True)
         sums = np.bincount(inv, weights=(ts - self._t_ref).astype(np.float64))
@@ -265,9 +265,9 @@ class CollectiveStats:
 
     @property
     def _inst(self) -> Optional[pd.DataFrame]:
-        """Per instance: group, seq, op, min_start, max_start, sum_end, n,
-        bytes, last_rank (None before any collective with a sequence
-        number)."""
+        """Per instance: group, seq, op, min_start, max_start, sum_end (summed
+        completion times relative to ``_t_ref``), n, bytes, last_rank (None
+        before any collective with a sequence number)."""
         if self._inst_cache is not None:
             return self._inst_cache
         self._combine()
@@ -312,7 +312,7 @@ class CollectiveStats:
         return pd.DataFrame({
             "group": i["group"], "seq": i["seq"], "op": i["op"], "ranks": i["n"],
             "skew_ms": (i["max_start"] - i["min_start"]) / 1e6,
-            "transfer_ms": (i["sum_end"] / i["n"] - i["max_start"]) / 1e6,
+            "transfer_ms": (i["sum_end"] / i["n"] - (i["max_start"] - self._t_ref)) / 1e6,
             "last_rank": i["last_rank"], "bytes": i["bytes"],
         }).reset_index(drop=True)
 

@@ -87,7 +87,7 @@ def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_se
 
     ``labels[i]`` says what interval i is: 0 a window, 1..n_sets a member
     of that set, anything else is ignored. Windows must not overlap; empty
-    windows are ignored.
+    (or reversed) windows and intervals are ignored.
 
     Returns ``(table, windows)``: ``table[w, p]`` is the time of window w
     (ns, float) during which exactly the sets whose bits are set in p
@@ -100,8 +100,7 @@ def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_se
     on its own)."""
     labels = np.asarray(labels)
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
-    use = (labels >= 0) & (labels <= n_sets)
-    use &= (labels != 0) | (ends > starts)
+    use = (labels >= 0) & (labels <= n_sets) & (ends > starts)  # empty / reversed intervals cover nothing
     if not use.all():
         keep = np.flatnonzero(use)
         starts, ends, lab = starts[keep], ends[keep], labels[keep].astype(np.int8)

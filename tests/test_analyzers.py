@@ -200,3 +200,12 @@ def test_per_step_many_concurrent_intervals():
     assert r["comm_busy"] == 50_000 + 2999 - 10
     assert r["compute"] == 20_000 and r["comm"] == 50_000 + 2999 - 20_000
     assert r["overlap"] == 20_000 - 10
+
+
+def test_reversed_intervals_cover_nothing():
+    """An event whose end precedes its start (a clock step) covers nothing;
+    it must not cancel the coverage of the events around it."""
+    rows = [ev(0, 0, "step", "step", 0, 10), ev(0, 0, "compute", "forward", 0, 10),
+            ev(0, 0, "compute", "odd", 5, 2)]
+    r = breakdown.per_step(pd.DataFrame(rows)).iloc[0]
+    assert (r["compute"], r["other"], r["compute_busy"]) == (10, 0, 10)

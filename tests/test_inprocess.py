@@ -63,11 +63,16 @@ def test_ddp_broadcasts_recorded(recording, tmp_path):
             opt.zero_grad()
             loss.backward()
             opt.step()
+        # called with keywords (torch's own callers pass them by position)
+        dist._broadcast_coalesced(process_group=dist.group.WORLD, tensors=[torch.ones(5)], buffer_size=1 << 20,
+                                  src=0)
     finally:
         dist.destroy_process_group()
     session.stop()
     ev = trace.load(str(tmp_path / "out" / "shards")).table.to_pandas()
     bc = ev[(ev["category"] == "comm") & (ev["detail"] == "_broadcast_coalesced")].sort_values("seq")
+    assert bc["bytes"].iloc[-1] == 5 * 4
+    bc = bc.iloc[:-1]
     params = (8 * 4 + 4 + 4 + 4) * 4
     buffers = 4 * 4 + 4 * 4 + 8  # running mean, running var (float32), num_batches_tracked (int64)
     assert list(bc["bytes"]) == [params + buffers, buffers, buffers, buffers]

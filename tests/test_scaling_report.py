@@ -108,6 +108,11 @@ def test_per_step_broadcast_finding(tmp_path):
     assert "(6.5 % of the median step, 46.00 ms)" in row["evidence"], row["evidence"]
     assert findings("small", 0.1).empty
     assert findings("none", None).empty
+    # the same run twice (repeats of one configuration) is still one broadcast per step
+    report, _ = analyze([run_of(tmp_path, "rep", 2, bcast_ms=3)] * 2, warmup=1)
+    f = report.tables["bottlenecks"].frame
+    rep = f[f["finding"].str.startswith("a broadcast every step")]
+    assert len(rep) == 1 and rep.iloc[0]["evidence"].startswith("1.0 broadcasts/step"), rep
 
 
 def test_streaming_chunks_give_the_same_answer(tmp_path):

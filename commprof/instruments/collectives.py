@@ -42,7 +42,7 @@ SPECS = {
     "barrier": ("barrier", ("group", "async_op", "device_ids"), "none"),
     # DDP's construction-time broadcast of parameters and buffers from rank 0
     # (torch.distributed.utils._sync_params_and_buffers); S = all of them
-    "_broadcast_coalesced": ("broadcast", ("group", "tensor_list", "buffer_size", "src"), "list1"),
+    "_broadcast_coalesced": ("broadcast", ("process_group", "tensors", "buffer_size", "src"), "inlist"),
 }
 
 
@@ -65,9 +65,6 @@ def size_of(rule, values, group_size):
         t = values[1]
         return tensor_bytes(t) * group_size, str(t.dtype)
     if rule == "inlist":
-        lst = values[1]
-        return sum(tensor_bytes(t) for t in lst), (str(lst[0].dtype) if lst else None)
-    if rule == "list1":
         lst = values[1]
         return sum(tensor_bytes(t) for t in lst), (str(lst[0].dtype) if lst else None)
     if rule == "list0":
@@ -104,7 +101,7 @@ class CollectivesInstrument(Instrument):
         op, params, rule = self.specs[fname]
         tls = rec.tls
         n_params = len(params)
-        i_group = params.index("group")
+        i_group = params.index("group") if "group" in params else params.index("process_group")
         i_async = params.index("async_op") if "async_op" in params else None
 
         @functools.wraps(original)
