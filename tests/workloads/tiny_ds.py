@@ -6,6 +6,7 @@ import os
 import deepspeed
 import torch
 import torch.nn as nn
+from _exit import wait_released
 
 
 def main():
@@ -38,6 +39,11 @@ def main():
     if args.result_dir:
         with open(os.path.join(args.result_dir, f"rank{engine.global_rank}.json"), "w") as fh:
             json.dump(report, fh)
+    # one last collective on a tensor we hold, and wait until gloo lets go of
+    # it (see _exit.py): DeepSpeed's own last collectives finished before it
+    done = torch.ones(1)
+    deepspeed.comm.all_reduce(done)
+    wait_released([done])
 
 
 if __name__ == "__main__":
