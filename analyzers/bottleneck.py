@@ -40,6 +40,11 @@ DATA_BOUND, COMM_BOUND, COMPUTE_BOUND, OTHER_BOUND = 10.0, 20.0, 60.0, 20.0
 STEP_BROADCAST = 2.0  # % of the median step
 
 
+def _runs(r) -> int:
+    """Runs behind a breakdown row (the collectives table has a row per run)."""
+    return max(1, int(r.get("runs", 1) or 1))
+
+
 def _step_broadcast(r, colls: pd.DataFrame, sk) -> Optional[dict]:
     """A finding for a Python-issued broadcast every step (DDP's buffer
     sync), costed by its transfer time (after the last rank arrived: the
@@ -48,8 +53,7 @@ def _step_broadcast(r, colls: pd.DataFrame, sk) -> Optional[dict]:
         return None
     b = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"]) & (colls["op"] == "broadcast")
               & (colls["source"] == "torch.distributed")]
-    runs = max(1, int(r.get("runs", 1) or 1))  # the table has a row per run of the group
-    per_step = float(b["calls_per_step"].sum()) / runs if len(b) else 0.0
+    per_step = float(b["calls_per_step"].sum()) / _runs(r) if len(b) else 0.0
     step_ms = r.get("step_ms_median", np.nan)
     if per_step < 0.9 or pd.isna(step_ms) or step_ms <= 0:
         return None
@@ -100,8 +104,7 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
                          "evidence": f"data wait {_fmt_pct(r['data_pct'])} of {ev_shares}", "advice": advice})
         if r["comm_pct"] >= COMM_BOUND:
             c = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"])] if len(colls) else colls
-            runs = max(1, int(r.get("runs", 1) or 1))  # the table has a row per run of the group
-            calls_per_step = float(c["calls_per_step"].sum()) / runs if len(c) else 0.0
+            calls_per_step = float(c["calls_per_step"].sum()) / _runs(r) if len(c) else 0.0
             med_bytes = float(np.average(c["bytes_per_call"], weights=c["calls"])) if len(c) and c["calls"].sum() else 0.0
             overlap = r.get("overlap_pct", np.nan)
             sk = skew.get(key)

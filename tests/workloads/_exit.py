@@ -1,18 +1,7 @@
-"""Exit safely after gloo collectives (shared by the test workloads)."""
-import time
+"""The test workloads use workloads/teardown.py's wait_released."""
+import os
+import sys
 
-
-def wait_released(tensors, timeout=10.0):
-    """Wait until torch.distributed's worker threads hold no reference to
-    these tensors (the last collective's) before the process exits.
-
-    With torch 2.14 and gloo, a worker thread that destroys a finished
-    collective's work after the interpreter has begun finalizing must take
-    the GIL to release the work's Python-owned tensors, and the process
-    aborts ("terminate called without an active exception"; a barrier keeps
-    the previous collective's work alive until the barrier's own work is
-    destroyed; pytorch/pytorch#190489). workloads/resnet.py has the same
-    helper."""
-    deadline = time.monotonic() + timeout
-    while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
-        time.sleep(0.001)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "workloads"))
+from teardown import wait_released  # noqa: E402,F401
