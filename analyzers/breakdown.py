@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..trace.schema import CAT, CATEGORIES as CATEGORIES_ALL
 from .events import Events
 from .intervals import pattern_table
 
@@ -69,7 +70,12 @@ def _rank_keys(ev: Events):
 # Interval sets of the sweep (bit j-1 of a cover pattern is set j).
 _DATA, _WAIT, _COMM_BLOCKING, _COMPUTE, _COMM_ASYNC = 1, 2, 3, 4, 5
 # category code (events.CAT_CODES) -> set: step 0 = window; comm async unless blocking
-_LABEL_OF_CAT = np.array([0, _DATA, _COMPUTE, _COMM_ASYNC, _WAIT, -1, -1, -1, -1], np.int8)
+#: sweep label of each category code (index -1: unknown categories); the
+#: step window itself is label 0
+_LABEL_OF_CAT = np.full(len(CATEGORIES_ALL) + 1, -1, np.int8)
+for _name, _label in (("step", 0), ("data", _DATA), ("compute", _COMPUTE), ("comm", _COMM_ASYNC),
+                      ("wait", _WAIT)):
+    _LABEL_OF_CAT[CAT[_name]] = _label
 
 
 def _pattern_weights() -> np.ndarray:
@@ -104,13 +110,13 @@ def per_step(data) -> pd.DataFrame:
     ev = data if isinstance(data, Events) else Events.of(data)
     if len(ev) == 0:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    is_step = ev.cat == 0
+    is_step = ev.cat == CAT["step"]
     n_steps = int(is_step.sum())
     if not n_steps:
         return pd.DataFrame(columns=STEP_COLUMNS)
     kstart, kend, ranks, ridx = _rank_keys(ev)
     label = _LABEL_OF_CAT[ev.cat]
-    label[(ev.cat == 3) & ev.blocking] = _COMM_BLOCKING
+    label[(ev.cat == CAT["comm"]) & ev.blocking] = _COMM_BLOCKING
     table, windows = pattern_table(kstart, kend, label, 5)
     del kstart, kend
     figures = np.zeros((n_steps, len(_FIGURES)))

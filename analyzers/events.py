@@ -13,7 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-CAT_CODES = {"step": 0, "data": 1, "compute": 2, "comm": 3, "wait": 4, "metric": 5, "kernel": 6, "phase": 7}
+from ..trace.schema import CAT
+
+#: category name -> code in :attr:`Events.cat` (the trace schema's codes)
+CAT_CODES = CAT
 
 
 def _np(col, dtype, fill=0):

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from . import breakdown, kernels, stragglers, throughput
 from .collectives import CollectiveStats
+from ..trace.schema import CAT
 from .events import Events
 from .timeline import timeline
 
@@ -108,7 +109,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         if steps.empty:
             return steps, (None, None, None, None)
         comm = None
-        is_comm = ev.cat == 3
+        is_comm = ev.cat == CAT["comm"]
         if is_comm.any():
             span = steps.groupby("rank")["step"].agg(["min", "max"])
             ranks = span.index.to_numpy(np.int64)
@@ -117,19 +118,19 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 & (ev.step <= span["max"].to_numpy()[pos])
             comm = chunk.filter(pa_mask(keep))
         kern = None
-        is_kernel = ev.cat == 6
+        is_kernel = ev.cat == CAT["kernel"]
         if is_kernel.any():
-            kt = chunk.filter(pa_mask(is_kernel | (ev.cat == 0))).to_pandas()
+            kt = chunk.filter(pa_mask(is_kernel | (ev.cat == CAT["step"]))).to_pandas()
             kern = (kernels.kernel_shares(kt), kernels.temporal_breakdown(kt, hta_window=True))
         tele = None
-        is_metric = ev.cat == 5
+        is_metric = ev.cat == CAT["metric"]
         if is_metric.any():
             m = chunk.filter(pa_mask(is_metric)).select(["rank", "name", "value"]).to_pandas()
             m = m[m["name"].astype(str).str.startswith("gpu.")]
             if len(m):
                 tele = telemetry_per_rank(m)
         phase = None
-        is_phase = ev.cat == 7
+        is_phase = ev.cat == CAT["phase"]
         if is_phase.any():
             ph = chunk.filter(pa_mask(is_phase)).select(["name", "detail", "t_start", "t_end"]).to_pandas()
             phase = ph[ph["name"].astype(str) != "ready"].assign(

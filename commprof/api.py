@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import trace as _trace
+from . import assemble as _assemble
 
 PathLike = Union[str, "Trace"]
 
@@ -68,6 +68,9 @@ class Trace:
     meta: dict
     ranks: List[dict]
     flt: Filter = field(default_factory=Filter)
+    #: analysed reports by (warmup, batch_size, group_by); a filtered view
+    #: (``filter()``) starts with an empty cache
+    _reports: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- reading -------------------------------------------------------------
     def chunks(self, columns: Optional[Sequence[str]] = None, max_rows: int = 500_000):
@@ -76,7 +79,7 @@ class Trace:
         if columns is not None:
             read = list(columns) + [c for c in ("rank", "step", "category", "t_start", "t_end")
                                     if c not in columns]
-        for table in _trace.iter_chunks(self.path, read, max_rows):
+        for table in _assemble.iter_chunks(self.path, read, max_rows):
             if self.flt.ranks is not None and table.num_rows:
                 r = set(pc.unique(table.column("rank")).to_pylist())
                 if not r & set(self.flt.ranks):
@@ -109,16 +112,20 @@ class Trace:
     # -- analyzers -----------------------------------------------------------
     def analysis(self, warmup: int = 1, batch_size: Optional[int] = None,
                  group_by: Optional[Sequence[str]] = None):
-        from analyzers import scaling
+        """The run analysed (read once, in chunks of whole ranks)."""
+        from .analyzers.report import REPORT_COLUMNS, analyze_run
 
-        from .report import REPORT_COLUMNS
+        return analyze_run(self.chunks(REPORT_COLUMNS), self.meta, self.ranks, self.path, warmup=warmup,
+                           batch_size=batch_size, group_by=group_by)
 
-        return scaling.analyze_chunks(self.chunks(REPORT_COLUMNS), self.meta, self.ranks, warmup=warmup,
-                                      batch_size=batch_size, group_by=group_by)
-
-    def report(self, **kw):
-        """The full report (tables as DataFrames in ``.tables[name].frame``)."""
-        return compare([self], **kw).report()
+    def report(self, warmup: int = 1, batch_size: Optional[int] = None,
+               group_by: Optional[Sequence[str]] = None):
+        """The full report (tables as DataFrames in ``.tables[name].frame``),
+        computed once per set of arguments and kept."""
+        key = (warmup, batch_size, tuple(group_by) if group_by else None)
+        if key not in self._reports:
+            self._reports[key] = Comparison([self], warmup, batch_size, group_by).report()
+        return self._reports[key]
 
     def breakdown(self, **kw) -> pd.DataFrame:
         """Per GPU count: exposed / busy shares, step time, throughput, scaling."""
@@ -126,7 +133,7 @@ class Trace:
 
     def per_step(self) -> pd.DataFrame:
         """One row per (rank, step): exposed and busy times in ns."""
-        from analyzers import breakdown
+        from .analyzers import breakdown
 
         return breakdown.per_step(self.arrow())
 
@@ -150,7 +157,7 @@ class Trace:
         """Per-rank timeline (data / compute / comm lanes) of a few steps."""
         import plotly.graph_objects as go
 
-        from analyzers.timeline import LANES
+        from .analyzers.timeline import LANES
 
         view = self.filter(steps=steps) if steps is not None else self
         ev = view.events(["rank", "step", "category", "name", "t_start", "t_end"])
@@ -180,13 +187,9 @@ class Comparison:
 
     def report(self):
         if self._report is None:
-            from .report import build_report
+            from .analyzers.report import build_report
 
-            runs = []
-            for t in self.traces:
-                a = t.analysis(self.warmup, self.batch_size, self.group_by)
-                a.meta["path"] = t.path
-                runs.append(a)
+            runs = [t.analysis(self.warmup, self.batch_size, self.group_by) for t in self.traces]
             self._report = build_report(runs, self.warmup)
         return self._report
 
@@ -246,7 +249,7 @@ def _one(p: PathLike) -> Trace:
     if isinstance(p, Trace):
         return p
     p = str(p)
-    meta, ranks, _kind, _where = _trace.open_run(p)
+    meta, ranks, _kind, _where = _assemble.open_run(p)
     return Trace(p, meta, ranks)
 
 
@@ -260,7 +263,7 @@ def diff(a: PathLike, b: PathLike, warmup: int = 1) -> pd.DataFrame:
     """What grew or shrank from run A to run B: per category (exposed ms per
     step and share of step time) and per collective (calls/step, bytes/call,
     mean latency). Columns: what, metric, a, b, delta, delta_pct."""
-    from analyzers.diff import diff_tables
+    from .analyzers.diff import diff_tables
 
     ra, rb = compare([a], warmup=warmup).report(), compare([b], warmup=warmup).report()
     return diff_tables(ra.tables["breakdown"].frame, rb.tables["breakdown"].frame,

@@ -8,7 +8,7 @@ import time
 from typing import List, Optional
 
 from . import __version__
-from .launcher import UsageError
+from .errors import UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,11 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Breakdown per GPU count and configuration, throughput, collectives.")
     rep.add_argument("traces", nargs="+", metavar="TRACE",
                      help="trace.parquet, a record folder, or a folder of shards (several runs allowed)")
-    rep.add_argument("--format", choices=("table", "md", "csv", "json", "html"), default=None,
+    from .render import FORMATS
+
+    rep.add_argument("--format", choices=FORMATS, default=None,
                      help="output format (default: table, or from -o's extension)")
     rep.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
     rep.add_argument("--out-dir", metavar="DIR", default=None,
-                     help="also write report.md, report.csv and report.json into DIR")
+                     help="also write every format into DIR (report.txt/.md/.json/.html, one CSV per table)")
     rep.add_argument("--batch-size", type=int, default=None,
                      help="per-rank batch size (default: inferred from the model's input)")
     rep.add_argument("--warmup", type=int, default=1, metavar="K",
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Per category and per collective: A, B, B - A and the change in %.")
     df.add_argument("a", metavar="A")
     df.add_argument("b", metavar="B")
-    df.add_argument("--format", choices=("table", "md", "csv", "json"), default="table")
+    df.add_argument("--format", choices=FORMATS, default="table")
     df.add_argument("--warmup", type=int, default=1)
 
     imp = sub.add_parser("import", help="convert other profilers' traces into a commprof trace")
@@ -133,7 +135,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         return _fail(str(exc) if not getattr(exc, "filename", None) else f"{exc.filename}: {exc.strerror}")
     except Exception as exc:  # never a traceback for the user
-        from .schema import TraceFormatError
+        from .trace.schema import TraceFormatError
 
         if isinstance(exc, TraceFormatError):
             return _fail(str(exc))
@@ -149,7 +151,7 @@ def _fail(msg: str) -> int:
 
 
 def cmd_record(args) -> int:
-    from .launcher import exit_like, record
+    from .record.launcher import exit_like, record
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -166,7 +168,7 @@ def cmd_record(args) -> int:
 def cmd_import(args) -> int:
     if args.format != "kineto":
         raise UsageError("commprof import: choose a format: kineto")
-    from .kineto import import_kineto
+    from .convert.kineto import import_kineto
 
     run = import_kineto(args.inputs, args.output, rank=args.rank)
     sys.stderr.write(f"commprof: imported {run.get('ranks_recorded')} rank(s), world size "
@@ -195,7 +197,7 @@ def cmd_export(args) -> int:
     if args.format != "chrome":
         raise UsageError("commprof export: choose a format: chrome")
     from .api import load
-    from .export import export_chrome
+    from .convert.chrome import export_chrome
 
     steps = None
     if args.steps:
@@ -211,24 +213,32 @@ def cmd_export(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from analyzers import renderers
-    from analyzers.renderers import Report, Table
-
+    from . import render
+    from .analyzers.report import diff_report
     from .api import diff
 
-    table = diff(args.a, args.b, warmup=args.warmup)
-    report = Report(title=f"commprof diff: A = {args.a}, B = {args.b}",
-                    tables={"diff": Table("What changed (B - A)", table,
-                                          [("what", "what", ""), ("metric", "metric", ""), ("a", "A", ",.3f"),
-                                           ("b", "B", ",.3f"), ("delta", "B - A", "+,.3f"),
-                                           ("delta_pct", "change %", "+.1f")])},
-                    notes=["Exposed shares and ms per step (share x median step time); collectives: "
-                           "calls per step and rank, bytes per call, mean latency."])
-    sys.stdout.write(renderers.get(args.format).render(report))
+    report = diff_report(diff(args.a, args.b, warmup=args.warmup), args.a, args.b)
+    sys.stdout.write(render.get(args.format).render(report))
     return 0
 
 
 def cmd_report(args) -> int:
-    from .report import run_report
+    from . import render
+    from .api import compare
+    from .trace.files import atomic_write
+    from .trace.schema import TraceFormatError
 
-    return run_report(args)
+    group_by = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else None
+    if args.warmup < 0:
+        raise TraceFormatError("--warmup must be >= 0")
+    report = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by).report()
+    fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"
+    text = render.get(fmt).render(report)
+    if args.output:
+        atomic_write(args.output, text)
+    else:
+        sys.stdout.write(text)
+    if args.out_dir:
+        written = render.write_all(report, args.out_dir)
+        sys.stderr.write(f"commprof: wrote {', '.join(written)}\n")
+    return 0

@@ -1,16 +1,17 @@
 """Small hand-built traces with known answers (for analyzer tests)."""
 import pyarrow as pa
 
-from commprof import schema
-from commprof.recorder import write_trace
+from commprof.trace import schema
+from commprof.trace.parquet import write_trace
 
 MS = 1_000_000
 
 
 def row(step, category, name, t0, t1, source="x", detail=None, nbytes=None, dtype=None, group=None,
         group_size=None, seq=None, blocking=None, items=None, value=None):
-    return (step, category, name, source, detail, int(t0), int(t1), None, None, nbytes, dtype, group,
-            group_size, seq, blocking, items, value)
+    return schema.Event(step, category, name, source, detail, int(t0), int(t1), bytes=nbytes, dtype=dtype,
+                        group=group, group_size=group_size, seq=seq, blocking=blocking, items=items,
+                        value=value)
 
 
 def ddp_rank(rank, world, steps, data_ms=2, fwd_ms=10, bwd_ms=20, opt_ms=3, bucket_ms=8, buckets=2,
@@ -59,8 +60,7 @@ def ddp_rank(rank, world, steps, data_ms=2, fwd_ms=10, bwd_ms=20, opt_ms=3, buck
 
 def write_run(path, ranks_rows, meta=None, rank_metas=None):
     """ranks_rows: {rank: rows}. Writes one merged trace file."""
-    tables = [pa.Table.from_batches([schema.add_rank(schema.rows_to_batch(rows), r)])
-              for r, rows in sorted(ranks_rows.items())]
+    tables = [schema.rows_to_table(rows, r) for r, rows in sorted(ranks_rows.items())]
     table = pa.concat_tables(tables).unify_dictionaries()
     world = len(ranks_rows)
     run = {"world_size": world, "framework": "ddp", "loader": "native", "model": "M", "launcher": "test"}

@@ -1,0 +1,180 @@
+"""The report pipeline: which tables, in which order, with which columns
+and notes. Input: analysed runs (:func:`analyze_run` over chunks of trace
+events); output: a :class:`Report` that any renderer formats. Both the
+command line (``commprof report``) and the notebook API call this."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from ..trace.schema import TraceFormatError
+
+#: (column, header, format) — format is a str.format spec or "" for str()
+ColumnSpec = Tuple[str, str, str]
+
+
+@dataclass
+class Table:
+    title: str
+    frame: pd.DataFrame
+    columns: List[ColumnSpec]
+    #: "table", or "list" for long-text tables (one block per row in text output)
+    style: str = "table"
+
+
+@dataclass
+class Report:
+    title: str
+    tables: Dict[str, Table]
+    notes: List[str] = field(default_factory=list)
+    runs: List[dict] = field(default_factory=list)
+    #: renderer-specific data computed by analyzers (e.g. timelines for html)
+    extras: Dict[str, object] = field(default_factory=dict)
+
+
+#: The trace columns the report reads.
+REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end",
+                  "bytes", "dtype", "group", "group_size", "seq", "blocking", "items", "value"]
+
+BREAKDOWN_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("runs", "runs", "d"),
+    ("steps", "steps", "d"),
+    ("comm_pct", "comm %", ".1f"), ("data_pct", "data %", ".1f"),
+    ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
+    ("comm_pct_rank_min", "comm % min rank", ".1f"), ("comm_pct_rank_max", "comm % max rank", ".1f"),
+    ("comm_busy_pct", "comm busy %", ".1f"), ("overlap_pct", "overlap %", ".1f"),
+    ("step_ms_median", "step ms p50", ".2f"), ("step_ms_p95", "step ms p95", ".2f"),
+    ("steps_per_s", "steps/s", ".3f"), ("samples_per_s", "samples/s", ".1f"),
+    ("batch_per_rank", "batch/rank", ".0f"), ("epoch_s", "epoch s", ".1f"), ("speedup", "speedup", ".2f"),
+    ("efficiency_pct", "eff %", ".1f"), ("imbalance_pct", "imbal %", ".1f"),
+]
+COLLECTIVE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("op", "collective", ""),
+    ("source", "issued by", ""), ("size", "message size", ""), ("calls", "calls", "d"),
+    ("calls_per_step", "calls/step", ".1f"), ("bytes_per_call", "bytes/call", ",.0f"),
+    ("lat_ms_mean", "lat ms mean", ".3f"), ("lat_ms_p50", "lat ms p50", ".3f"),
+    ("lat_ms_p95", "lat ms p95", ".3f"), ("algbw_GBps", "algbw GB/s", ".3f"),
+    ("busbw_GBps", "busbw GB/s", ".3f"),
+]
+SKEW_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("op", "collective", ""),
+    ("instances", "instances", "d"), ("skew_ms_mean", "skew ms mean", ".3f"),
+    ("skew_ms_p95", "skew ms p95", ".3f"), ("transfer_ms_mean", "transfer ms", ".3f"),
+    ("wait_pct", "waiting %", ".1f"),
+]
+STRAGGLER_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("rank", "rank", "d"), ("metric", "metric", ""),
+    ("late_pct", "late in %", ".0f"), ("excess_ms", "excess ms", ".2f"), ("value_ms", "rank ms", ".2f"),
+    ("median_ms", "median ms", ".2f"),
+]
+FINDING_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("finding", "finding", ""),
+    ("evidence", "evidence", ""), ("advice", "what to try", ""),
+]
+
+NOTES = [
+    "Shares are of step time (end of one optimizer step to the end of the next), time-weighted "
+    "over measured steps and ranks; exposed shares add up to 100 %: data > blocking comm > compute "
+    "> comm in flight > other. 'comm busy %' is the union of all collectives' issue-to-completion "
+    "time (hidden communication included); 'overlap %' is the part of that time during which "
+    "compute runs too (HTA's definition).",
+    "algbw = S / latency, busbw = algbw x nccl-tests factor (all_reduce 2(n-1)/n; reduce_scatter, "
+    "all_gather (n-1)/n with S the full array; broadcast 1); medians over calls, GB = 1e9 bytes.",
+    "speedup and efficiency are relative to the smallest GPU count of each configuration; "
+    "imbalance = max over ranks of mean work per step / mean over ranks - 1.",
+]
+
+
+def analyze_run(chunks: Iterable, meta: dict, rank_metas: List[dict], path: str, warmup: int = 1,
+                batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None):
+    """One run (its events as chunks of whole ranks, REPORT_COLUMNS) -> RunAnalysis."""
+    from . import scaling
+
+    analysis = scaling.analyze_chunks(chunks, meta, rank_metas, warmup=warmup,
+                                      batch_size=batch_size, group_by=group_by)
+    analysis.meta["path"] = path
+    _check_steps(analysis)
+    return analysis
+
+
+def _check_steps(analysis) -> None:
+    if analysis.steps.empty:
+        raise TraceFormatError(f"{analysis.meta.get('path')}: the trace has no complete training step "
+                               "(no optimizer step was recorded)")
+
+
+def build_report(runs, warmup: int = 1):
+    """The report's tables from analysed runs (RunAnalysis objects)."""
+    from . import bottleneck, scaling
+
+    for r in runs:
+        _check_steps(r)
+    table = scaling.breakdown_table(runs)
+    colls = scaling.collectives_table(runs)
+    skews = scaling.skew_tables(runs)
+    strag = scaling.straggler_tables(runs)
+    finds = bottleneck.findings(table, colls, skews, strag)
+    notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
+    for r in runs:
+        if r.meta.get("salvaged_ranks"):
+            notes.append(f"{r.meta['path']}: rank(s) {r.meta['salvaged_ranks']} were killed; "
+                         "their events up to the last flush are included.")
+    tables = {
+        "breakdown": Table("Breakdown per GPU count (exposed shares of step time)", table, BREAKDOWN_COLUMNS),
+    }
+    study = scaling.study_table(table)
+    if len(study):
+        tables["study"] = Table("Side by side (busy shares of step time, as scaling studies report them)",
+                                study, [(c, c, "d" if c == "gpus" else ".1f") for c in study.columns])
+    kshare, kgpu = scaling.kernel_tables(runs)
+    if len(kshare):
+        classes = [c for c in ("nccl", "cudnn", "data", "gemm", "other", "memcpy", "memset")
+                   if f"{c}_pct" in kshare.columns]
+        tables["kernels"] = Table(
+            "GPU kernel time by class (% of summed kernel time, mean over ranks)", kshare,
+            [("config", "configuration", ""), ("gpus", "GPUs", "d"), ("ranks", "ranks", "d"),
+             ("kernel_ms", "kernel ms/rank", ".1f")]
+            + [(f"{c}_pct", {"nccl": "NCCL %", "cudnn": "cuDNN %", "data": "data %"}.get(c, f"{c} %"), ".2f")
+               for c in classes])
+    if len(kgpu):
+        tables["gpu_breakdown"] = Table(
+            "GPU temporal breakdown (HTA definitions, exact; kernels launched before the last ProfilerStep)",
+            kgpu, [("config", "configuration", ""), ("gpus", "GPUs", "d"), ("ranks", "ranks", "d"),
+                   ("span_ms", "span ms", ".1f"), ("idle_pct", "idle %", ".2f"),
+                   ("compute_pct", "compute %", ".2f"), ("non_compute_pct", "non-compute %", ".2f"),
+                   ("overlap_pct", "comm/compute overlap %", ".2f")])
+    phases = scaling.phase_table(runs)
+    if len(phases):
+        tables["horovod_phases"] = Table("Horovod timeline phases (rank 0, the coordinator)", phases, [
+            ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("name", "phase", ""),
+            ("count", "count", "d"), ("tensors", "tensors", "d"), ("total_ms", "total ms", ".2f"),
+            ("mean_ms", "mean ms", ".3f"), ("max_ms", "max ms", ".3f")])
+    tele = scaling.telemetry_table(runs)
+    if len(tele):
+        tables["telemetry"] = Table("GPU telemetry per rank (NVML)", tele, [
+            ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("rank", "rank", "d"),
+            ("util_pct", "util % mean", ".1f"), ("mem_peak_mib", "mem MiB peak", ".0f"),
+            ("power_w", "power W mean", ".1f"), ("sm_clock_mhz", "SM MHz mean", ".0f"),
+            ("samples", "samples", ".0f")])
+    tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
+    tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
+                           scaling.stack(skews), SKEW_COLUMNS)
+    tables["stragglers"] = Table("Stragglers (persistently late ranks)", scaling.stack(strag), STRAGGLER_COLUMNS)
+    tables["bottlenecks"] = Table("Bottlenecks and what to try", finds, FINDING_COLUMNS, style="list")
+    report = Report(title="commprof report", tables=tables, notes=notes, runs=[r.meta for r in runs])
+    report.extras["timelines"] = {f"{r.label} @ {r.world_size} GPUs": r.timeline for r in runs}
+    return report
+
+
+DIFF_COLUMNS = [("what", "what", ""), ("metric", "metric", ""), ("a", "A", ",.3f"), ("b", "B", ",.3f"),
+                ("delta", "B - A", "+,.3f"), ("delta_pct", "change %", "+.1f")]
+
+
+def diff_report(table: pd.DataFrame, a: str, b: str) -> Report:
+    """``commprof diff``'s report around :func:`commprof.analyzers.diff.diff_tables`' table."""
+    return Report(title=f"commprof diff: A = {a}, B = {b}",
+                  tables={"diff": Table("What changed (B - A)", table, DIFF_COLUMNS)},
+                  notes=["Exposed shares and ms per step (share x median step time); collectives: "
+                         "calls per step and rank, bytes per call, mean latency."])

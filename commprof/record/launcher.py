@@ -1,0 +1,301 @@
+"""``commprof record``: run a command unchanged with every Python process it
+starts instrumented, then merge the per-rank shards.
+
+Injection is through the environment only (never by rewriting the user's
+command): a bootstrap folder with a ``sitecustomize.py`` goes first on
+PYTHONPATH, which torchrun, mp.spawn, horovodrun, deepspeed and srun all
+pass to their ranks; the settings travel as COMMPROF_* variables *and* as a
+JSON file beside sitecustomize.py.
+
+Process handling: the command runs in its own process group, which gets the
+terminal when there is one; SIGINT/SIGTERM/SIGHUP/SIGQUIT sent to commprof
+are forwarded to that group. When the command ends, stragglers in its group
+and rank processes of this run that are still alive are terminated, so no
+process is left behind. commprof exits with the command's exit status (and
+dies of the same signal if the command did)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from typing import Dict, List, Optional
+
+from ..errors import UsageError
+from ..trace.journal import HOROVOD_TIMELINE_FILE, find_shards, meta_path_of, side_files
+from ..trace.parquet import TRACE_FILE
+from . import bootstrap
+from .config import Config
+
+BOOTSTRAP_DIR = ".bootstrap"
+
+
+def detect_launcher(cmd: List[str]) -> str:
+    exe = os.path.basename(cmd[0])
+    if exe in ("torchrun", "horovodrun", "deepspeed", "srun", "mpirun", "mpiexec", "jsrun", "aprun"):
+        return {"mpiexec": "mpirun"}.get(exe, exe)
+    if exe.startswith("python") or exe.endswith(".py"):
+        if "-m" in cmd:
+            mod = cmd[cmd.index("-m") + 1] if cmd.index("-m") + 1 < len(cmd) else ""
+            if mod in ("torch.distributed.run", "torch.distributed.launch"):
+                return "torchrun"
+            if mod.startswith("deepspeed"):
+                return "deepspeed"
+            if mod.startswith("horovod"):
+                return "horovodrun"
+        return "python"
+    return exe
+
+
+def with_nproc(cmd: List[str], nproc: int) -> List[str]:
+    """``--nproc N``: launch the command's script through torchrun."""
+    if os.path.basename(cmd[0]).startswith("python") and len(cmd) > 1:
+        interpreter, rest = cmd[0], cmd[1:]
+    elif cmd[0].endswith(".py"):
+        interpreter, rest = sys.executable, cmd
+    else:
+        raise UsageError(f"--nproc needs a Python script or 'python SCRIPT ...', not {cmd[0]!r}")
+    return [interpreter, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}"] + rest
+
+
+def prepare_out_dir(out_dir: str) -> None:
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, f".commprof-probe-{os.getpid()}")
+        with open(probe, "w") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise UsageError(f"output location {out_dir!r} is not writable: {exc.strerror or exc}")
+    if os.path.exists(os.path.join(out_dir, TRACE_FILE)) or \
+            any(find_shards(os.path.join(out_dir, "shards"))):
+        raise UsageError(f"{out_dir!r} already holds a recording; choose another -o")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _reap_group(pgid: int, grace: float = 2.0) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap_ranks(shard_dir: str, grace: float = 5.0) -> List[int]:
+    """Terminate rank processes of this run (on this host) still alive after
+    the command returned, e.g. torchrun workers orphaned by a killed agent."""
+    import glob
+
+    host = socket.gethostname()
+    pids = []
+    for meta in glob.glob(os.path.join(shard_dir, f"{host}.*.meta.json")):
+        try:
+            pid = int(os.path.basename(meta)[len(host) + 1:].split(".")[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and _alive(pid):
+            pids.append(pid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if _alive(p)]
+        time.sleep(0.05)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def _package_parent() -> str:
+    """The folder that holds the ``commprof`` package (put on the ranks' PYTHONPATH)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def child_env(config: Config, boot_dir: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(config.to_env())
+    parts = [boot_dir, _package_parent()]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_interval: float = 0.5,
+           nvtx: bool = True, disable: List[str] = (), labels: Optional[Dict[str, str]] = None,
+           keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = (),
+           kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
+           telemetry_interval: float = 1.0, horovod_timeline: bool = False) -> int:
+    if not cmd:
+        raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
+    if nproc is not None:
+        if nproc < 1:
+            raise UsageError("--nproc must be at least 1")
+        cmd = with_nproc(cmd, nproc)
+    if kernels:
+        try:
+            start, _, count = kernels.partition(":")
+            if int(start) < 0 or int(count or 1) < 1:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"--kernels expects START:COUNT (steps), got {kernels!r}")
+    if telemetry not in ("auto", "on", "off"):
+        raise UsageError("--telemetry must be auto, on or off")
+    if telemetry_interval <= 0:
+        raise UsageError("--telemetry-interval must be > 0")
+    out_dir = os.path.abspath(out_dir)
+    prepare_out_dir(out_dir)
+    from .instruments import ALL
+
+    unknown = [d for d in list(disable) + list(fault_inject) if d not in ALL]
+    if unknown:
+        raise UsageError(f"unknown instrument(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
+
+    config = Config(out_dir=out_dir, run_id=uuid.uuid4().hex[:12], command=tuple(cmd),
+                    launcher=detect_launcher(cmd), flush_interval=flush_interval, nvtx=nvtx,
+                    disable=tuple(disable), verbose=verbose, fault_inject=tuple(fault_inject),
+                    labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
+                    device_timing=device_timing, telemetry_interval=telemetry_interval)
+    boot_dir = os.path.join(out_dir, BOOTSTRAP_DIR)
+    bootstrap.write_bootstrap(boot_dir, config, _package_parent())
+    shard_dir = os.path.join(out_dir, "shards")
+    os.makedirs(shard_dir, exist_ok=True)
+    env = child_env(config, boot_dir)
+    if horovod_timeline:
+        env["HOROVOD_TIMELINE"] = os.path.join(shard_dir, HOROVOD_TIMELINE_FILE)
+
+    returncode = _run(cmd, env)
+
+    _reap_ranks(shard_dir)
+    shutil.rmtree(boot_dir, ignore_errors=True)
+    _merge(out_dir, shard_dir, config, keep_shards)
+    return returncode
+
+
+def _run(cmd: List[str], env: Dict[str, str]) -> int:
+    tty = None
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            tty = 0
+    except OSError:
+        tty = None
+    try:
+        child = subprocess.Popen(cmd, env=env, process_group=0)
+    except FileNotFoundError:
+        raise UsageError(f"command not found: {cmd[0]}")
+    except PermissionError:
+        raise UsageError(f"permission denied: {cmd[0]}")
+    if tty is not None:
+        old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(tty, child.pid)
+        except OSError:
+            tty = None
+        signal.signal(signal.SIGTTOU, old_ttou)
+
+    def forward(signum, frame):
+        try:
+            os.killpg(child.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    previous = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        while True:
+            try:
+                returncode = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover
+                continue
+    finally:
+        if tty is not None:
+            old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            try:
+                os.tcsetpgrp(tty, os.getpgrp())
+            except OSError:
+                pass
+            signal.signal(signal.SIGTTOU, old_ttou)
+        _reap_group(child.pid)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return returncode
+
+
+def _merge(out_dir: str, shard_dir: str, config: Config, keep_shards: bool) -> None:
+    from ..assemble import merge
+    from .log import warn
+
+    shards, journals = find_shards(shard_dir)
+    if not shards and not journals:
+        warn("no process recorded any event (did the command run a training loop?)")
+        return
+    base = {"run_id": config.run_id, "command": list(config.command), "launcher": config.launcher,
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if config.labels:
+        base["labels"] = dict(config.labels)
+    out_path = os.path.join(out_dir, TRACE_FILE)
+    try:
+        run = merge(shard_dir, out_path, base)
+    except Exception as exc:
+        warn(f"merging the shards failed ({exc}); they are kept in {shard_dir}")
+        return
+    if not keep_shards:
+        for path in shards + [meta_path_of(j) for j in journals] + journals + side_files(shard_dir):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        try:
+            os.rmdir(shard_dir)
+        except OSError:
+            pass
+    salv = run.get("salvaged_ranks") or []
+    note = f", salvaged from killed rank(s) {salv}" if salv else ""
+    sys.stderr.write(f"commprof: {run.get('ranks_recorded')} rank(s), world size "
+                     f"{run.get('world_size')}{note} -> {out_path}\n")
+
+
+def exit_like(returncode: int) -> int:
+    """Exit status for commprof itself: the child's code, or die of its signal."""
+    if returncode < 0:
+        sig = -returncode
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL / SIGSTOP cannot be caught anyway
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), sig)
+        return 128 + sig
+    return returncode

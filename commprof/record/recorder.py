@@ -1,0 +1,315 @@
+"""The recorder of one process: event emission, and the lifecycle that ties
+together the step clock (:mod:`.steps`), the journal writer (:mod:`.writer`),
+device timing (:mod:`.device`), telemetry and kernel mode
+(:mod:`.kernelmode`).
+
+Hot path: instruments call ``region`` / ``collective`` / ``metric``, which
+build one :class:`~commprof.trace.schema.Event` and ``deque.append`` it
+(atomic under the GIL, no lock). The writer thread drains the queue into the
+journal every ``flush_interval`` seconds, so a process killed with SIGKILL
+keeps every event older than about one flush interval. When the process
+ends normally (atexit, SIGTERM, ``os._exit``) the journal becomes the rank's
+Parquet shard.
+
+A process becomes a *rank* only when it records its first event; the
+torchrun agent and other launcher processes never do, and DataLoader worker
+processes are recognised and stay silent.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from ..trace.journal import finalize_journal
+from ..trace.schema import Event
+from . import ranks as _ranks
+from .config import Config
+from .kernelmode import KernelWindow
+from .log import warn
+from .nvtx import make as make_nvtx
+from .steps import StepClock
+from .writer import Flusher
+
+now = time.monotonic_ns
+
+
+class GroupNames:
+    """Stable, rank-independent (name, size) of process groups, cached."""
+
+    def __init__(self):
+        self._cache = {}
+
+    def __call__(self, dist, group):
+        key = id(group) if group is not None else 0
+        hit = self._cache.get(key)
+        if hit is None:
+            pg = group if group is not None else dist.distributed_c10d._get_default_group()
+            name = getattr(pg, "group_name", None) or str(key)
+            hit = self._cache[key] = (str(name), int(pg.size()))
+        return hit
+
+
+class Recorder:
+    def __init__(self, config: Config):
+        self.config = config
+        self.nvtx = make_nvtx(config.nvtx)
+        self._reset()
+
+    # ------------------------------------------------------------------ state
+    def _reset(self) -> None:
+        self.q: collections.deque = collections.deque()
+        self.state = "idle"  # idle -> active -> closed, or off
+        self.clock = StepClock()
+        self.run_info: Dict[str, Any] = {}
+        self.last_comm_issue = 0
+        self.timer = None
+        self._timer_checked = False
+        self.telemetry = None
+        self.kernels = KernelWindow(self.config.kernels)
+        self.tls = threading.local()
+        self.groups = GroupNames()
+        self._seq: Dict[str, Any] = {}
+        self.rank_info: Optional[_ranks.RankInfo] = None
+        self.flusher: Optional[Flusher] = None
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self._clock0 = (time.time_ns(), now())
+
+    def after_fork_in_child(self) -> None:
+        """A forked child starts with a fresh, idle recorder (and becomes a
+        rank only if it records something and is not a DataLoader worker)."""
+        self._reset()
+
+    @property
+    def step(self) -> int:
+        """Index of the current optimizer step (events are stamped with it)."""
+        return self.clock.step
+
+    @property
+    def events(self) -> int:
+        return self.flusher.events if self.flusher is not None else 0
+
+    # --------------------------------------------------------------- emission
+    def emit(self, row: Event) -> None:
+        if self.state != "active":
+            if self.state != "idle" or not self._activate():
+                return
+        self.q.append(row)
+
+    def region(self, category: str, name: str, source: str, detail: Optional[str],
+               t0: int, t1: int, items: Optional[int] = None) -> None:
+        self.clock.activity(t0)
+        self.emit(Event(self.clock.step, category, name, source, detail, t0, t1, items=items))
+
+    def dev_begin(self):
+        """A CUDA start event when device timing is on, else None."""
+        timer = self.timer
+        if timer is None:
+            if self._timer_checked or not self.config.device_timing:
+                return None
+            from .device import maybe_timer
+
+            timer = self.timer = maybe_timer()
+            if timer is None:
+                if sys.modules.get("torch") is not None:
+                    self._timer_checked = True
+                return None
+        return timer.begin()
+
+    def region_dev(self, category: str, name: str, source: str, detail: Optional[str],
+                   t0: int, t1: int, dev, items: Optional[int] = None) -> None:
+        """Like region(); with a CUDA start event the row waits for its
+        device times (resolved by the writer thread)."""
+        if dev is None or self.timer is None:
+            self.region(category, name, source, detail, t0, t1, items)
+            return
+        self.clock.activity(t0)
+        if self.state != "active" and (self.state != "idle" or not self._activate()):
+            return
+        self.timer.end(dev, Event(self.clock.step, category, name, source, detail, t0, t1, items=items))
+
+    def collective(self, name: str, source: str, detail: Optional[str], t0: int, t1: int,
+                   nbytes: Optional[int], dtype: Optional[str], group: str,
+                   group_size: int, seq: int, step: int, blocking: bool) -> None:
+        self.emit(Event(step, "comm", name, source, detail, t0, t1, bytes=nbytes, dtype=dtype,
+                        group=group, group_size=group_size, seq=seq, blocking=blocking))
+
+    def metric(self, name: str, value: float, t: Optional[int] = None, source: str = "user",
+               detail: Optional[str] = None) -> None:
+        t = now() if t is None else t
+        self.emit(Event(self.clock.step, "metric", name, source, detail, t, t, value=float(value)))
+
+    def next_seq(self, group: str) -> int:
+        counter = self._seq.get(group)
+        if counter is None:
+            counter = self._seq.setdefault(group, itertools.count())
+        return next(counter)
+
+    def backward_begins(self) -> None:
+        """A backward pass starts: no collective issued in it yet."""
+        self.last_comm_issue = 0
+
+    def comm_issued(self, t0: int) -> None:
+        """A collective was issued at ``t0`` (the backward split point)."""
+        self.last_comm_issue = t0
+
+    # ------------------------------------------------------- step boundaries
+    def note_items(self, detail: str, n: int) -> None:
+        self.clock.note_items(detail, n)
+
+    def note_data_items(self, n: int) -> None:
+        self.clock.note_data_items(n)
+
+    def note_model(self, detail: str, params: int) -> None:
+        self.clock.note_model(detail, params)
+
+    def optimizer_done(self, t1: int, source: str) -> None:
+        """An optimizer step ended at ``t1``; closes the training step unless
+        a framework step holds it."""
+        if self.clock.optimizer_done():
+            self.end_step(t1, source)
+
+    def hold_step(self) -> None:
+        """A framework step (DeepSpeed's engine.step) began."""
+        self.clock.hold()
+
+    def release_step(self, source: str) -> None:
+        """The framework step returned: the training step ends now if an
+        optimizer step ran inside it."""
+        if self.clock.release():
+            self.end_step(now(), source)
+
+    def end_step(self, t_end: int, source: str) -> None:
+        """Close the current step at ``t_end``."""
+        step, start, items = self.clock.close(t_end)
+        self.emit(Event(step, "step", "step", source, None, start, t_end, items=items))
+        if self.kernels.window is not None:
+            self.kernels.at_step(self.clock.step, self.run_info,
+                                 self.shard_dir if self.state == "active" else None, self.host, self.pid)
+        if self.rank_info is None or not self.rank_info.final:
+            self._refresh_rank()
+
+    # ------------------------------------------------------------- lifecycle
+    def _activate(self) -> bool:
+        if _in_dataloader_worker():
+            self.state = "off"
+            return False
+        try:
+            os.makedirs(self.shard_dir, exist_ok=True)
+        except OSError as exc:
+            warn(f"cannot create {self.shard_dir}: {exc}; not recording this process")
+            self.state = "off"
+            return False
+        self._refresh_rank()
+        self.state = "active"
+        self._start_telemetry()
+        self.flusher = Flusher(self.q, self.shard_dir, self.host, self.pid, self.config.flush_interval,
+                               self.rank_meta, self._before_flush, self._flush_failed)
+        self.flusher.start()
+        return True
+
+    def _flush_failed(self) -> None:
+        self.state = "off"
+
+    def _before_flush(self) -> None:
+        if self.rank_info is None or not self.rank_info.final:
+            self._refresh_rank()
+        if self.timer is not None and self.timer.pending:
+            self.timer.resolve(self.q.append)
+
+    def _start_telemetry(self) -> None:
+        mode = self.config.telemetry
+        if mode == "off":
+            return
+        if mode == "auto":
+            torch = sys.modules.get("torch")
+            try:
+                if torch is None or not torch.cuda.is_available():
+                    return
+            except Exception:
+                return
+        from .telemetry import Sampler, device_index
+
+        sampler = Sampler(self, self.config.telemetry_interval)
+        if sampler.start(device_index()):
+            self.telemetry = sampler
+
+    @property
+    def shard_dir(self) -> str:
+        return os.path.join(self.config.out_dir, "shards")
+
+    def _refresh_rank(self) -> None:
+        info = _ranks.detect()
+        if self.rank_info is None or info.final or not self.rank_info.final:
+            self.rank_info = info
+        if info.final and "backend" not in self.run_info:
+            try:
+                self.run_info["backend"] = str(sys.modules["torch.distributed"].get_backend())
+            except Exception:
+                pass
+
+    def flush(self) -> None:
+        """Move queued events into the journal now."""
+        if self.flusher is not None:
+            self.flusher.flush()
+
+    def rank_meta(self, status: str) -> Dict[str, Any]:
+        info = self.rank_info or _ranks.detect()
+        wall0, mono0 = self._clock0
+        meta = {
+            "rank": info.rank, "world_size": info.world_size, "local_rank": info.local_rank,
+            "rank_source": info.source, "host": self.host, "pid": self.pid,
+            "launcher": self.config.launcher, "run_id": self.config.run_id,
+            "clock": {"wall_ns_at_start": wall0, "mono_ns_at_start": mono0,
+                      "wall_ns_at_end": time.time_ns(), "mono_ns_at_end": now(),
+                      "boot_id": _boot_id()},
+            "models": dict(self.clock.models), "steps": self.clock.step, "status": status,
+            "python": sys.version.split()[0],
+        }
+        meta.update(self.run_info)
+        return meta
+
+    def close(self) -> None:
+        """Flush everything and turn the journal into the rank's Parquet shard.
+        Idempotent; safe to call from atexit, signal handlers and os._exit."""
+        if self.state != "active" or self.pid != os.getpid():
+            return
+        self.state = "closed"
+        self.flusher.stop()
+        try:
+            if self.telemetry is not None:
+                self.telemetry.stop()
+            if self.kernels.running:
+                self.kernels.stop(self.shard_dir, self.host, self.pid)
+            if self.timer is not None and self.timer.pending:
+                self.timer.resolve(self.q.append, wait=True)
+            self.flusher.flush()
+            if self.flusher.close():
+                finalize_journal(self.shard_dir, self.host, self.pid, self.rank_meta("complete"))
+        except Exception as exc:
+            warn(f"could not finalise the trace of pid {self.pid}: {exc!r} "
+                 "(the journal is kept and will be salvaged)")
+
+
+def _boot_id() -> Optional[str]:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def _in_dataloader_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        return False
+    try:
+        return data.get_worker_info() is not None
+    except Exception:
+        return False

@@ -1,0 +1,74 @@
+"""The journal writer of one process: a daemon thread that, every
+``flush_interval`` seconds, moves the queued event rows (and the device
+times resolved since) into the rank's journal and refreshes its metadata.
+The hot path only appends to the queue; everything else happens here."""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from typing import Any, Callable, Dict, Optional
+
+from ..trace.journal import JournalWriter
+from .log import log_once
+
+
+class Flusher:
+    def __init__(self, queue: collections.deque, shard_dir: str, host: str, pid: int,
+                 interval: float, meta: Callable[[str], Dict[str, Any]],
+                 before_flush: Callable[[], None], on_fail: Callable[[], None]):
+        self.q = queue
+        self.journal = JournalWriter(shard_dir, host, pid)
+        self.interval = interval
+        self._meta = meta
+        self._before = before_flush
+        self._on_fail = on_fail
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._meta_written: Optional[str] = None
+
+    @property
+    def events(self) -> int:
+        return self.journal.events
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="commprof-flush", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.flush()
+            except Exception as exc:  # never take the training down
+                log_once("flush", f"journal flush failed: {exc!r}; recording stopped")
+                self._on_fail()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._before()
+            n = len(self.q)
+            if n:
+                self.journal.append([self.q.popleft() for _ in range(n)])
+            self._write_meta()
+
+    def _write_meta(self) -> None:
+        if not self.journal.started:
+            return
+        meta = self._meta("journal")
+        key = json.dumps({k: v for k, v in meta.items() if k != "clock"}, sort_keys=True, default=str)
+        if key == self._meta_written:
+            return
+        self.journal.write_meta(meta)
+        self._meta_written = key
+
+    def close(self) -> bool:
+        """Close the journal; True when it holds anything (a shard can be made)."""
+        with self.lock:
+            started = self.journal.started
+            self.journal.close()
+            return started

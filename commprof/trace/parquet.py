@@ -1,0 +1,212 @@
+"""Trace files in Parquet: writing (atomic), reading whole or in chunks of
+whole ranks, and conforming files of older schema versions.
+
+A merged trace holds one rank per row group (or several row groups per
+rank), so a reader can plan chunks from the row-group statistics without
+reading events."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import schema
+from .files import atomic_path
+from .metadata import decode_meta, encode_meta
+from .schema import TraceFormatError
+
+#: The merged trace's file name inside a record folder.
+TRACE_FILE = "trace.parquet"
+ROW_GROUP = 1 << 20
+
+
+def write_trace(table, path: str, run: Dict[str, Any], rank_metas) -> None:
+    """Write a trace table atomically (temporary file, then rename)."""
+    import pyarrow.parquet as pq
+
+    table = table.replace_schema_metadata(encode_meta(run, rank_metas))
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP,
+                       use_dictionary=True, write_statistics=True)
+
+
+class TraceWriter:
+    """Append rank tables one at a time; the footer metadata (known only at
+    the end) is added by :meth:`close`. Atomic: nothing appears at ``path``
+    unless close() succeeds."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._ctx = atomic_path(path)
+        self._tmp = self._ctx.__enter__()
+        self._writer = None
+
+    def write(self, table) -> None:
+        import pyarrow.parquet as pq
+
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp, schema.TRACE_SCHEMA, compression="zstd",
+                                            use_dictionary=True, write_statistics=True)
+        self._writer.write_table(table.cast(schema.TRACE_SCHEMA), row_group_size=ROW_GROUP)
+
+    @property
+    def empty(self) -> bool:
+        return self._writer is None
+
+    def close(self, run: Dict[str, Any], rank_metas: List[Dict[str, Any]]) -> None:
+        self._writer.add_key_value_metadata(
+            {k.decode(): v.decode() for k, v in encode_meta(run, rank_metas).items()})
+        self._writer.close()
+        self._writer = None
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        try:
+            self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        except RuntimeError:
+            pass
+
+
+def conform(table, version: int):
+    """Bring a table read from disk to TRACE_SCHEMA.
+
+    Raises TraceFormatError naming the problem for unknown versions or
+    missing required columns; optional columns missing in older files are
+    added as nulls (the pyinstrument ``from_json`` approach)."""
+    import pyarrow as pa
+
+    schema.check_version(version)
+    missing = [c for c in schema.REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise TraceFormatError("missing required column(s): " + ", ".join(missing))
+    target = schema.TRACE_SCHEMA
+    if table.schema.remove_metadata().equals(target):
+        return table
+    cols = []
+    for field in target:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            if col.type != field.type:
+                try:
+                    col = col.cast(field.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise TraceFormatError(
+                        f"column {field.name!r} has type {col.type}, expected {field.type}") from exc
+            cols.append(col)
+        else:
+            cols.append(pa.nulls(table.num_rows, type=field.type))
+    return pa.Table.from_arrays(cols, schema=target)
+
+
+def first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _open(path: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        if os.path.getsize(path) == 0:
+            raise TraceFormatError(f"{path}: empty file") from exc
+        raise TraceFormatError(f"{path}: not a readable Parquet file ({first_line(exc)})") from exc
+
+
+def _meta(path: str, pf) -> Tuple[int, Dict, List]:
+    try:
+        return decode_meta(pf.metadata.metadata)
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None
+
+
+def open_file(path: str) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """(run metadata, rank metadata) of a trace file, checked (version,
+    required columns) without reading its events."""
+    pf = _open(path)
+    version, run, ranks = _meta(path, pf)
+    try:
+        schema.check_version(version)
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None
+    missing = [c for c in schema.REQUIRED_COLUMNS if c not in pf.schema_arrow.names]
+    if missing:
+        raise TraceFormatError(f"{path}: missing required column(s): " + ", ".join(missing))
+    return run, ranks
+
+
+def read_meta(path: str) -> Tuple[int, Dict[str, Any], List[Dict[str, Any]]]:
+    """(schema version, run metadata, rank metadata) of a trace file."""
+    return _meta(path, _open(path))
+
+
+def read_file(path: str, columns: Optional[Sequence[str]] = None) -> Tuple[Any, Dict, List]:
+    """(table conformed to the trace schema, run metadata, rank metadata)."""
+    import pyarrow as pa
+
+    pf = _open(path)
+    version, run, ranks = _meta(path, pf)
+    try:
+        table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names] if columns else None)
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise TraceFormatError(f"{path}: truncated or corrupt Parquet ({first_line(exc)})") from exc
+    try:
+        table = conform(table, version)
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{path}: {exc}") from None
+    return table, run, ranks
+
+
+def iter_file_chunks(path: str, columns: Optional[Sequence[str]] = None,
+                     max_rows: int = 4_000_000) -> Iterator[Any]:
+    """The events of a trace file in chunks of whole ranks (about
+    ``max_rows`` rows each, never splitting a rank), conformed to the trace
+    schema. Chunks are planned from the row-group statistics; each is read
+    in one multi-threaded call, the next one in the background while the
+    caller works on the current one."""
+    import pyarrow as pa
+
+    pf = _open(path)
+    version, _run, _ranks = _meta(path, pf)
+    names = pf.schema_arrow.names
+    wanted = list(columns or names) + [c for c in schema.REQUIRED_COLUMNS if columns and c not in columns]
+    cols = [c for c in wanted if c in names]
+    rank_idx = names.index("rank") if "rank" in names else None
+    md = pf.metadata
+    plan: List[List[int]] = [[]]
+    rows, last_rank = 0, None
+    for i in range(md.num_row_groups):
+        stats = md.row_group(i).column(rank_idx).statistics if rank_idx is not None else None
+        lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
+        if plan[-1] and rows >= max_rows and (lo is None or lo != last_rank):
+            plan.append([])
+            rows = 0
+        plan[-1].append(i)
+        rows += md.row_group(i).num_rows
+        last_rank = hi
+    plan = [p for p in plan if p]
+
+    def read(groups):
+        try:
+            t = pf.read_row_groups(groups, columns=cols, use_threads=True)
+        except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+            raise TraceFormatError(f"{path}: truncated or corrupt Parquet ({first_line(exc)})") from exc
+        try:
+            t = conform(t, version)
+        except TraceFormatError as exc:
+            raise TraceFormatError(f"{path}: {exc}") from None
+        return t.select([c for c in columns if c in t.column_names]) if columns else t
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(read, plan[0]) if plan else None
+        for k in range(len(plan)):
+            table = future.result()
+            future = pool.submit(read, plan[k + 1]) if k + 1 < len(plan) else None
+            yield table
