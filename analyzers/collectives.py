@@ -191,7 +191,7 @@ class CollectiveStats:
             algbw = np.where(lat_s > 0, nbytes / lat_s / 1e9, np.nan)
         bucket = size_bucket(nbytes)
         key = (op_codes.astype(np.int64) * 256 + src_codes) * 64 + bucket
-        for k_idx, sel in _groups(key):
+        for _k, sel in _groups(key):
             op = ops[int(key[sel[0]] // 64 // 256)]
             source = srcs[int(key[sel[0]] // 64 % 256)]
             b = int(key[sel[0]] % 64)

@@ -7,7 +7,7 @@ Input: ``kernel`` events (from ``commprof import kineto`` or kernel mode).
   duration of each class's kernels / the summed duration of all kernels,
   in % — "CUDA kernel time in percent spent on communication (NCCL),
   computations with cuDNN, and data loading" as the study reports it
-  (classes in :func:`commprof.kineto.classify`; concurrent kernels each
+  (classes in :func:`commprof.convert.kineto.classify`; concurrent kernels each
   count, so this is not wall time).
 - **Temporal breakdown** (HTA's definitions, exact arithmetic): span = last
   kernel end - first kernel start; idle = span - union(all kernels);
@@ -49,14 +49,6 @@ def kernel_shares(events: pd.DataFrame) -> pd.DataFrame:
     for cls in t.columns:
         out[f"{cls}_pct"] = (100.0 * t[cls] / total).to_numpy()
     return out.reset_index(drop=True)
-
-
-def _union_len(starts, ends) -> float:
-    if len(starts) == 0:
-        return 0.0
-    lo, hi = int(np.min(starts)), int(np.max(ends))
-    seg = segments(np.array([lo]), np.array([hi]), [(starts, ends)])
-    return float(seg.total(seg.covs[0])[0])
 
 
 def temporal_breakdown(events: pd.DataFrame, hta_window: bool = False) -> pd.DataFrame:

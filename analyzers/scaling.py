@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from . import breakdown, kernels, stragglers, throughput
 from .collectives import CollectiveStats
+from ..trace.metadata import batch_size as infer_batch_size
 from ..trace.schema import CAT
 from .events import Events
 from .timeline import timeline
@@ -91,8 +92,7 @@ def clock_offsets(rank_metas: List[dict]) -> Dict[int, int]:
 
 
 def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
-                   batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None,
-                   want_timeline: bool = True) -> RunAnalysis:
+                   batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None) -> RunAnalysis:
     """Analyse a run given an iterable of Arrow tables, each holding whole ranks."""
     parts: List[pd.DataFrame] = []
     colls = CollectiveStats()
@@ -170,7 +170,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 kbreak.append(kern[1])
             if comm is not None:
                 colls.add(comm, offsets)
-            if want_timeline and tl.empty:
+            if tl.empty:
                 tl = timeline(_small_window(chunk, steps), steps)
             del chunk
     steps = pd.concat(parts, ignore_index=True) if parts else \
@@ -179,8 +179,10 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     meta = dict(meta)
     if batch_size is not None:
         meta["batch_size"] = batch_size
-    elif "batch_size" not in meta and len(steps) and steps["items"].notna().any():
-        meta["batch_size"] = int(np.nanmedian(steps["items"]))
+    elif "batch_size" not in meta and len(steps):
+        inferred = infer_batch_size(steps["items"].tolist())
+        if inferred is not None:
+            meta["batch_size"] = inferred
     world = int(meta.get("world_size") or 1)
     if meta.get("framework") is None and world == 1:
         meta["framework"] = "none"

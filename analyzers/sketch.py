@@ -56,10 +56,6 @@ class Sketch:
             for b, c in zip(bins.tolist(), counts.tolist()):
                 self._hist[b] = self._hist.get(b, 0) + c
 
-    @property
-    def exact(self) -> bool:
-        return self._hist is None
-
     def mean(self) -> float:
         return self.total / self.count if self.count else float("nan")
 

@@ -5,7 +5,7 @@ optimizer) runs in alternating blocks with and without a recording session;
 the difference of the medians is the cost per step (6 recorded events:
 data, forward, loss forward, backward, optimizer, step).
 
-    python benchmarks/hook_cost.py [--blocks 10] [--steps 300]
+    python benchmarks/hook_cost.py [--blocks 10] [--steps 300] [--no-nvtx]
 """
 import argparse
 import os
@@ -21,8 +21,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from commprof import session  # noqa: E402
-from commprof.config import Config  # noqa: E402
+from commprof.record import session  # noqa: E402
+from commprof.record.config import Config  # noqa: E402
 
 
 def block(model, loader, opt, steps):
@@ -47,7 +47,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--blocks", type=int, default=10)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--nvtx", action="store_true", default=True)
+    p.add_argument("--nvtx", action=argparse.BooleanOptionalAction, default=True,
+                   help="emit NVTX ranges while recording (--no-nvtx: without)")
     args = p.parse_args()
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))

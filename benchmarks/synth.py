@@ -18,9 +18,10 @@ import pyarrow as pa
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from commprof import schema  # noqa: E402
-from commprof.recorder import shard_name, write_trace  # noqa: E402
-from commprof.trace import merge  # noqa: E402
+from commprof.assemble import merge  # noqa: E402
+from commprof.trace import schema  # noqa: E402
+from commprof.trace.journal import shard_name  # noqa: E402
+from commprof.trace.parquet import write_trace  # noqa: E402
 
 
 def _dict(indices, values):

@@ -24,6 +24,9 @@ import pyarrow.compute as pc
 from . import assemble as _assemble
 
 PathLike = Union[str, "Trace"]
+#: events per chunk the analysis reads at a time (whole ranks, so a chunk
+#: can be larger)
+CHUNK_ROWS = 500_000
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Trace:
     _reports: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- reading -------------------------------------------------------------
-    def chunks(self, columns: Optional[Sequence[str]] = None, max_rows: int = 500_000):
+    def chunks(self, columns: Optional[Sequence[str]] = None, max_rows: int = CHUNK_ROWS):
         """Arrow tables of whole ranks, filtered."""
         read = None
         if columns is not None:
@@ -111,12 +114,13 @@ class Trace:
 
     # -- analyzers -----------------------------------------------------------
     def analysis(self, warmup: int = 1, batch_size: Optional[int] = None,
-                 group_by: Optional[Sequence[str]] = None):
-        """The run analysed (read once, in chunks of whole ranks)."""
+                 group_by: Optional[Sequence[str]] = None, chunk_rows: int = CHUNK_ROWS):
+        """The run analysed (read once, in chunks of whole ranks of about
+        ``chunk_rows`` events)."""
         from .analyzers.report import REPORT_COLUMNS, analyze_run
 
-        return analyze_run(self.chunks(REPORT_COLUMNS), self.meta, self.ranks, self.path, warmup=warmup,
-                           batch_size=batch_size, group_by=group_by)
+        return analyze_run(self.chunks(REPORT_COLUMNS, chunk_rows), self.meta, self.ranks, self.path,
+                           warmup=warmup, batch_size=batch_size, group_by=group_by)
 
     def report(self, warmup: int = 1, batch_size: Optional[int] = None,
                group_by: Optional[Sequence[str]] = None):
@@ -187,10 +191,7 @@ class Comparison:
 
     def report(self):
         if self._report is None:
-            from .analyzers.report import build_report
-
-            runs = [t.analysis(self.warmup, self.batch_size, self.group_by) for t in self.traces]
-            self._report = build_report(runs, self.warmup)
+            self._report, _runs = analyze(self.traces, self.warmup, self.batch_size, self.group_by)
         return self._report
 
     def breakdown(self) -> pd.DataFrame:
@@ -257,6 +258,16 @@ def compare(traces: Sequence[PathLike], warmup: int = 1, batch_size: Optional[in
             group_by: Optional[Sequence[str]] = None) -> Comparison:
     """Analyse several runs together (grouped by configuration and GPU count)."""
     return Comparison([_one(t) for t in traces], warmup, batch_size, group_by)
+
+
+def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
+            group_by: Optional[Sequence[str]] = None, chunk_rows: int = CHUNK_ROWS):
+    """Analyse runs together: (Report, [RunAnalysis per run]). What
+    ``commprof report`` prints is this report."""
+    from .analyzers.report import build_report
+
+    runs = [_one(p).analysis(warmup, batch_size, group_by, chunk_rows) for p in paths]
+    return build_report(runs, warmup), runs
 
 
 def diff(a: PathLike, b: PathLike, warmup: int = 1) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "workloads", "tiny.py")
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 
 def _patch_points():
@@ -27,7 +27,7 @@ def _patch_points():
         from torch.optim import optimizer as o
         from torch.utils.data import dataloader
 
-        from commprof.instruments.collectives import SPECS
+        from commprof.record.instruments.collectives import SPECS
 
         points["autograd.backward"] = torch.autograd.backward
         points["iter.__next__"] = dataloader._BaseDataLoaderIter.__dict__.get("__next__")
@@ -50,7 +50,7 @@ def no_leaks():
 
     before = _patch_points()
     yield
-    from commprof import session
+    from commprof.record import session
 
     assert session.current() is None, "a test left a recording session running"
     after = _patch_points()

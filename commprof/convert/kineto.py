@@ -50,8 +50,6 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "
                "c10::bfloat16": 2, "c10::half": 2, "int": 4, "int32": 4, "long": 8, "int64": 8,
                "int8": 1, "uint8": 1, "char": 1, "byte": 1, "bool": 1}
 
-KERNEL_CLASSES = ("nccl", "cudnn", "gemm", "other", "memcpy", "memset", "data")
-
 
 def classify(kernel_name: str, cat: str, op: Optional[str]) -> str:
     """Class of a GPU activity.

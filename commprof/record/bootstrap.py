@@ -30,7 +30,7 @@ del _commprof_boot
 '''
 
 
-def write_bootstrap(folder: str, config: Config, package_parent: str) -> None:
+def write_bootstrap(folder: str, config: Config) -> None:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "sitecustomize.py"), "w") as fh:
         fh.write(SITECUSTOMIZE)

@@ -87,12 +87,17 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _reap_group(pgid: int, grace: float = 2.0) -> None:
+#: seconds stragglers get between SIGTERM and SIGKILL: the command's own
+#: process group, then rank processes of this run still alive
+GROUP_GRACE_S, RANK_GRACE_S = 2.0, 5.0
+
+
+def _reap_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         return
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + GROUP_GRACE_S
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
@@ -105,7 +110,7 @@ def _reap_group(pgid: int, grace: float = 2.0) -> None:
         pass
 
 
-def _reap_ranks(shard_dir: str, grace: float = 5.0) -> List[int]:
+def _reap_ranks(shard_dir: str) -> List[int]:
     """Terminate rank processes of this run (on this host) still alive after
     the command returned, e.g. torchrun workers orphaned by a killed agent."""
     import glob
@@ -124,7 +129,7 @@ def _reap_ranks(shard_dir: str, grace: float = 5.0) -> List[int]:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + RANK_GRACE_S
     while pids and time.monotonic() < deadline:
         pids = [p for p in pids if _alive(p)]
         time.sleep(0.05)
@@ -187,7 +192,7 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
                     labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
                     device_timing=device_timing, telemetry_interval=telemetry_interval)
     boot_dir = os.path.join(out_dir, BOOTSTRAP_DIR)
-    bootstrap.write_bootstrap(boot_dir, config, _package_parent())
+    bootstrap.write_bootstrap(boot_dir, config)
     shard_dir = os.path.join(out_dir, "shards")
     os.makedirs(shard_dir, exist_ok=True)
     env = child_env(config, boot_dir)

@@ -25,10 +25,10 @@ class _Off:
 class Nvtx(_Off):
     enabled = True
 
-    def __init__(self, domain_name: str = "commprof"):
+    def __init__(self):
         import nvtx  # noqa: F401  (ImportError handled by make())
 
-        self._domain = nvtx.get_domain(domain_name)
+        self._domain = nvtx.get_domain("commprof")
         self._attrs: Dict[str, object] = {}
 
     def _attr(self, name: str):

@@ -75,7 +75,6 @@ EVENT_SPEC: Tuple[Tuple[str, str, bool], ...] = (
     ("value", "float64", True),
 )
 EVENT_COLUMNS: List[str] = [name for name, _t, _n in EVENT_SPEC]
-TRACE_COLUMNS: List[str] = ["rank"] + EVENT_COLUMNS
 
 #: Columns a trace must have to be analysed at all.
 REQUIRED_COLUMNS = ("rank", "step", "category", "name", "t_start", "t_end")

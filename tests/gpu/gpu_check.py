@@ -62,10 +62,10 @@ def main():
         run(prefix + wl + ["--step-times", tfile], env)
         with open(tfile) as fh:
             times[name] = json.load(fh)[10:]
-    from commprof import trace
+    from commprof import assemble
 
     results, ok = {}, True
-    ev = trace.load(os.path.join(args.out, "rec")).table.to_pandas()
+    ev = assemble.load(os.path.join(args.out, "rec")).table.to_pandas()
     regions = ev[ev["name"].astype(str).isin(["forward", "backward", "optimizer"])]
     steps = ev[ev["category"] == "step"].set_index("step")
     with_dev = regions["dev_start"].notna()
@@ -80,7 +80,7 @@ def main():
     ok &= results["device_rows"] == results["device_rows_total"] > 0
     ok &= results["device_durations_positive"] and results["device_sum_le_step"]
 
-    kv = trace.load(os.path.join(args.out, "kern")).table.to_pandas()
+    kv = assemble.load(os.path.join(args.out, "kern")).table.to_pandas()
     kern = kv[kv["category"] == "kernel"]
     results["kernel_classes"] = kern["name"].astype(str).value_counts().to_dict()
     results["cudnn_kernels"] = int((kern["name"] == "cudnn").sum())

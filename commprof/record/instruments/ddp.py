@@ -30,7 +30,6 @@ class DDPInstrument(Instrument):
         import torch.distributed as dist
 
         self._dist = dist
-        self._DDP = DDP
         self._register = DDP.register_comm_hook  # original, used for the default hook
         self.patch(DDP, "__init__", self._wrap_init)
         self.patch(DDP, "register_comm_hook", self._wrap_register)

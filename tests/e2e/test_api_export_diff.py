@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 import commprof
-from analyzers import kernels
+from commprof.analyzers import kernels
 from commprof.cli import main
-from commprof.export import as_device_view, validate
+from commprof.convert.chrome import as_device_view, validate
 from tracegen import MS, ddp_rank, write_run
 
 

@@ -8,9 +8,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from commprof import session, trace
-from commprof.config import Config
-from commprof.instruments import ALL
+from commprof import assemble
+from commprof.record import session
+from commprof.record.config import Config
+from commprof.record.instruments import ALL
 
 # The framework instruments install when their modules are imported: import
 # them here, before any test's leak snapshot (some add import finders).
@@ -69,7 +70,7 @@ def test_ddp_broadcasts_recorded(recording, tmp_path):
     finally:
         dist.destroy_process_group()
     session.stop()
-    ev = trace.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    ev = assemble.load(str(tmp_path / "out" / "shards")).table.to_pandas()
     bc = ev[(ev["category"] == "comm") & (ev["detail"] == "_broadcast_coalesced")].sort_values("seq")
     assert bc["bytes"].iloc[-1] == 5 * 4
     bc = bc.iloc[:-1]
@@ -83,7 +84,7 @@ def test_ddp_broadcasts_recorded(recording, tmp_path):
 def test_single_process_events(recording, tmp_path):
     _train(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
     session.stop()
-    run = trace.load(str(tmp_path / "out" / "shards"))
+    run = assemble.load(str(tmp_path / "out" / "shards"))
     ev = run.table.to_pandas()
     assert (ev["category"] == "step").sum() == 3
     fw = ev[(ev["name"] == "forward") & (ev["detail"] == "Sequential")]
@@ -110,7 +111,7 @@ def test_ddp_world_of_one_in_process(recording, tmp_path):
     finally:
         dist.destroy_process_group()
     session.stop()
-    ev = trace.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    ev = assemble.load(str(tmp_path / "out" / "shards")).table.to_pandas()
     comm = ev[ev["category"] == "comm"]
     ddp = comm[comm["source"] == "ddp_reducer"]
     assert len(ddp) == 3 and (ddp["bytes"] == (8 * 2 + 2) * 4).all()
@@ -134,7 +135,7 @@ def test_fork_child_does_not_write(recording, tmp_path):
     _, status = os.waitpid(pid, 0)
     assert status == 0
     session.stop()
-    shards, journals = trace.find_shards(str(tmp_path / "out" / "shards"))
+    shards, journals = assemble.find_shards(str(tmp_path / "out" / "shards"))
     assert len(shards) == 1 and not journals
 
 
@@ -146,6 +147,6 @@ def test_metric_api_records_only_when_recording(recording, tmp_path):
     commprof.set_run_info(model="x")
     session.stop()
     commprof.metric("ignored", 1.0)  # no session: a no-op
-    ev = trace.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    ev = assemble.load(str(tmp_path / "out" / "shards")).table.to_pandas()
     m = ev[ev["category"] == "metric"]
     assert list(m["name"]) == ["loss"] and list(m["value"]) == [0.5]

@@ -3,10 +3,10 @@ import os
 import subprocess
 import sys
 
-from commprof import ranks
-from commprof.bootstrap import write_bootstrap
-from commprof.config import CONFIG_FILE, Config
-from commprof.launcher import child_env, detect_launcher, with_nproc
+from commprof.record import ranks
+from commprof.record.bootstrap import write_bootstrap
+from commprof.record.config import CONFIG_FILE, Config
+from commprof.record.launcher import child_env, detect_launcher, with_nproc
 from conftest import ROOT, venv_env
 
 
@@ -48,11 +48,11 @@ def test_sitecustomize_chains_to_the_one_it_shadows_and_reads_the_file(tmp_path)
     (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE'] = 'ran'\n")
     boot = tmp_path / "boot"
     cfg = Config(out_dir=str(tmp_path / "out"), run_id="r1")
-    write_bootstrap(str(boot), cfg, ROOT)
+    write_bootstrap(str(boot), cfg)
     env = venv_env()
     env["PYTHONPATH"] = os.pathsep.join([str(boot), ROOT, str(other)])
     # no COMMPROF_* variables: settings come from the file beside sitecustomize.py
-    code = ("import os, commprof.session as s; "
+    code = ("import os, commprof.record.session as s; "
             "print(os.environ.get('OTHER_SITECUSTOMIZE'), s.current() is not None, "
             "s.current().config.run_id, os.environ.get('COMMPROF_RUN_ID'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path))
@@ -63,7 +63,7 @@ def test_sitecustomize_chains_to_the_one_it_shadows_and_reads_the_file(tmp_path)
 def test_processes_that_never_train_write_nothing(tmp_path):
     cfg = Config(out_dir=str(tmp_path / "out"), run_id="r2")
     env = child_env(cfg, str(tmp_path / "boot"), venv_env())
-    write_bootstrap(str(tmp_path / "boot"), cfg, ROOT)
+    write_bootstrap(str(tmp_path / "boot"), cfg)
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(2).sum().item())"],
                          env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "2.0", out.stderr
@@ -73,7 +73,7 @@ def test_processes_that_never_train_write_nothing(tmp_path):
 def test_torch_is_not_imported_by_the_bootstrap(tmp_path):
     cfg = Config(out_dir=str(tmp_path / "out"), run_id="r3")
     env = child_env(cfg, str(tmp_path / "boot"), venv_env())
-    write_bootstrap(str(tmp_path / "boot"), cfg, ROOT)
+    write_bootstrap(str(tmp_path / "boot"), cfg)
     out = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules, 'pyarrow' in sys.modules)"],
                          env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["False", "False"], out.stderr

@@ -3,7 +3,7 @@ import sys
 
 import numpy as np
 
-from commprof.report import analyze
+from commprof.api import analyze
 from conftest import TINY
 
 PY = sys.executable
@@ -56,7 +56,7 @@ def test_losses_bit_identical_and_exit_code_preserved(record, tmp_path):
 
 
 def test_failing_instruments_disable_themselves(record, tmp_path):
-    from commprof.instruments import ALL
+    from commprof.record.instruments import ALL
 
     cmd = ["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}", "--steps", "5"]
     plain, plain_res = _plain(cmd, tmp_path, "plain")
@@ -78,9 +78,9 @@ def test_failing_instruments_disable_themselves(record, tmp_path):
 def test_single_failing_instrument_keeps_the_others(record):
     proc, out = record([PY, TINY, "--steps", "4"], "--fault-inject", "dataloader")
     assert proc.returncode == 0
-    from commprof import trace
+    from commprof import assemble
 
-    ev = trace.load(out).table.to_pandas()
+    ev = assemble.load(out).table.to_pandas()
     assert not (ev["category"] == "data").any()
     assert (ev["name"] == "forward").sum() >= 4
     assert (ev["category"] == "step").sum() == 4
@@ -93,9 +93,9 @@ def test_overlap_split_of_backward(record):
     proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
                         "--steps", "4", "--hidden", "256"])
     assert proc.returncode == 0, proc.stderr
-    from commprof import trace
+    from commprof import assemble
 
-    ev = trace.load(out).table.to_pandas()
+    ev = assemble.load(out).table.to_pandas()
     for (rank, step), g in ev[ev["step"] < 4].groupby(["rank", "step"]):
         wait = g[g["category"] == "wait"]
         bw = g[g["name"] == "backward"]

@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from analyzers import kernels
-from commprof import trace
+from commprof.analyzers import kernels
+from commprof import assemble
 from commprof.cli import main
-from commprof.kineto import classify
+from commprof.convert.kineto import classify
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "kineto")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "kineto")
 RESNET = os.path.join(DATA, "resnet_nccl_2gpu_rank0.json.gz")
 EIGHT = os.path.join(DATA, "train_8gpu_rank3.json.gz")
 
@@ -30,7 +30,7 @@ def ns(x):
 def imported(tmp_path_factory):
     out = tmp_path_factory.mktemp("kin") / "both.parquet"
     assert main(["import", "kineto", DATA, "-o", str(out)]) == 0
-    return trace.load(str(out))
+    return assemble.load(str(out))
 
 
 def test_ranks_and_metadata(imported):

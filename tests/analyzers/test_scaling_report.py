@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzers import breakdown, stragglers
+from commprof.analyzers import breakdown, stragglers
 from commprof.cli import main
-from commprof.report import analyze
+from commprof.api import analyze
 from tracegen import MS, ddp_rank, row, write_run
 
 

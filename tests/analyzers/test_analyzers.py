@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzers import breakdown, collectives, throughput
-from analyzers.intervals import attribute
+from commprof.analyzers import breakdown, collectives, throughput
+from commprof.analyzers.intervals import attribute
 
 
 def ev(rank, step, category, name, t0, t1, blocking=None, nbytes=None, group_size=None, items=None,

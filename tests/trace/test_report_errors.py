@@ -6,21 +6,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from commprof import schema
+from commprof.trace import metadata, schema
+from commprof.trace.schema import Event
 from commprof.cli import main
-from commprof.recorder import write_trace
+from commprof.trace.parquet import write_trace
 
 
 def _events(n_steps=3, rank=0):
     rows = []
     t = 1_000
     for s in range(n_steps):
-        rows.append((s, "data", "dataloader", "DataLoader", None, t, t + 100, None, None, None, None,
-                     None, None, None, None, 8, None))
-        rows.append((s, "compute", "forward", "nn.Module", "M", t + 100, t + 400, None, None, None, None,
-                     None, None, None, None, 8, None))
-        rows.append((s, "step", "step", "torch.optim", None, t, t + 1000, None, None, None, None,
-                     None, None, None, None, 8, None))
+        rows.append(Event(s, "data", "dataloader", "DataLoader", None, t, t + 100, items=8))
+        rows.append(Event(s, "compute", "forward", "nn.Module", "M", t + 100, t + 400, items=8))
+        rows.append(Event(s, "step", "step", "torch.optim", None, t, t + 1000, items=8))
         t += 1000
     return schema.add_rank(schema.rows_to_batch(rows), rank)
 
@@ -40,6 +38,7 @@ def _one_line_error(capsys, argv, needle):
     assert lines[0].startswith("commprof: error: ")
     assert needle in lines[0], lines[0]
     assert "Traceback" not in err
+    return lines[0]
 
 
 def test_good_trace_reports(tmp_path, capsys):
@@ -86,10 +85,19 @@ def test_wrong_schema_version(tmp_path, capsys):
     path = good_trace(tmp_path / "t.parquet")
     t = pq.read_table(path)
     meta = dict(t.schema.metadata)
-    meta[schema.META_VERSION] = str(schema.SCHEMA_VERSION + 1).encode()
+    meta[metadata.META_VERSION] = str(schema.SCHEMA_VERSION + 1).encode()
     p = tmp_path / "future.parquet"
     pq.write_table(t.replace_schema_metadata(meta), p)
     _one_line_error(capsys, ["report", str(p)], "newer than this commprof reads")
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_too_old_schema_version_names_the_oldest_readable(tmp_path, capsys, monkeypatch, command):
+    path = good_trace(tmp_path / "t.parquet")
+    monkeypatch.setattr(schema, "MIN_READ_VERSION", schema.SCHEMA_VERSION + 1)
+    args = [command, path] if command == "report" else ["export", "chrome", path, "-o", str(tmp_path / "x.json")]
+    err = _one_line_error(capsys, args, "older than the oldest readable")
+    assert f"({schema.SCHEMA_VERSION + 1})" in err
 
 
 def test_missing_columns(tmp_path, capsys):
@@ -102,8 +110,7 @@ def test_missing_columns(tmp_path, capsys):
 
 
 def test_zero_steps(tmp_path, capsys):
-    rows = [(0, "compute", "forward", "nn.Module", "M", 1, 5, None, None, None, None, None, None, None,
-             None, 8, None)]
+    rows = [Event(0, "compute", "forward", "nn.Module", "M", 1, 5, items=8)]
     table = pa.Table.from_batches([schema.add_rank(schema.rows_to_batch(rows), 0)])
     p = tmp_path / "nosteps.parquet"
     write_trace(table, str(p), {}, [{"rank": 0}])

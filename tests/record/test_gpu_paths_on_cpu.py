@@ -3,7 +3,7 @@ chosen steps and merges its trace; telemetry without NVML says so once and
 records nothing; without CUDA no device times are claimed."""
 import sys
 
-from commprof import trace
+from commprof import assemble
 from conftest import TINY
 
 PY = sys.executable
@@ -13,7 +13,7 @@ def test_kernel_mode_and_telemetry_without_a_gpu(record):
     proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
                         "--steps", "6"], "--kernels", "2:2", "--telemetry", "on", "--keep-shards")
     assert proc.returncode == 0, proc.stderr
-    run = trace.load(out)
+    run = assemble.load(out)
     assert run.meta["kernel_window"] == [2, 4]
     import os
 

@@ -6,7 +6,7 @@ import sys
 import pyarrow.compute as pc
 import pytest
 
-from commprof import trace
+from commprof import assemble
 from conftest import TINY
 
 PY = sys.executable
@@ -14,7 +14,7 @@ STEPS = 6
 
 
 def _load(out):
-    run = trace.load(out)
+    run = assemble.load(out)
     return run, run.table.to_pandas()
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from commprof import trace
+from commprof import assemble
 from conftest import ROOT, TINY, commprof_cmd, run, venv_env
 
 PY = sys.executable
@@ -22,7 +22,7 @@ def test_sigkilled_rank_is_salvaged_and_others_complete(record, tmp_path):
     res_dir = proc.res_dir
     with open(os.path.join(res_dir, "killed1.json")) as fh:
         killed = json.load(fh)
-    run_ = trace.load(out)
+    run_ = assemble.load(out)
     ev = run_.table.to_pandas()
     metas = {m["rank"]: m for m in run_.ranks}
     assert metas[1]["status"] == "salvaged"
@@ -76,7 +76,7 @@ def test_signal_reaches_job_and_exit_status_matches(tmp_path, sig):
     assert p.returncode == -sig, (p.returncode, stderr)
     assert not _pid_alive(child_pid)
     # the rank finalised its shard on the way out (SIGTERM handler / KeyboardInterrupt + atexit)
-    r = trace.load(out)
+    r = assemble.load(out)
     assert r.ranks[0]["status"] == "complete"
     assert (r.table.to_pandas()["category"] == "step").sum() >= 1
 

@@ -16,9 +16,10 @@ import horovod.torch.mpi_ops as mpi_ops  # noqa: E402
 import horovod.torch.optimizer as hopt  # noqa: E402
 import nvidia.dali.plugin.pytorch as dali  # noqa: E402
 
-from commprof import session, trace
+from commprof import assemble
+from commprof.record import session
 from commprof.cli import main
-from commprof.config import Config
+from commprof.record.config import Config
 from conftest import ROOT, TINY
 
 PY = sys.executable
@@ -32,7 +33,7 @@ def test_horovodrun_two_ranks(record):
                        "--horovod-timeline")
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = proc.results
-    run = trace.load(out)
+    run = assemble.load(out)
     ev = run.table.to_pandas()
     assert run.meta["framework"] == "horovod" and run.meta["world_size"] == 2
     assert sorted(ev["rank"].unique()) == [0, 1]
@@ -66,7 +67,7 @@ def test_deepspeed_zero_stages(record, zero):
                         "--zero", str(zero), "--steps", "5", "--result-dir", "{res}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = proc.results
-    run = trace.load(out)
+    run = assemble.load(out)
     ev = run.table.to_pandas()
     assert run.meta["framework"] == "deepspeed" and run.meta["zero_stage"] == zero
     c = ev[(ev["rank"] == 0) & (ev["category"] == "comm") & (ev["step"] < 5)]
@@ -89,7 +90,7 @@ def test_deepspeed_launcher(record):
     proc, out = record(["deepspeed", "--num_gpus", "2", os.path.join(WL, "tiny_ds.py"), "--zero", "1",
                         "--steps", "3", "--result-dir", "{res}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = trace.load(out)
+    run = assemble.load(out)
     assert run.meta["launcher"] == "deepspeed" and run.meta["ranks_recorded"] == 2
 
 
@@ -97,7 +98,7 @@ def test_dali_cpu_pipeline(record, tmp_path):
     proc, out = record([PY, os.path.join(WL, "tiny_dali.py"), "--data", str(tmp_path / "img"),
                         "--result-dir", "{res}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = trace.load(out)
+    run = assemble.load(out)
     ev = run.table.to_pandas()
     assert run.meta["loader"] == "dali"
     d = ev[ev["category"] == "data"]
@@ -142,7 +143,7 @@ def test_deepspeed_per_call_latency_is_right_where_its_logger_is_not(record):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = proc.results[0]
     mine = res["mine_ms"]
-    ev = trace.load(out).table.to_pandas()
+    ev = assemble.load(out).table.to_pandas()
     c = ev[(ev["rank"] == 0) & (ev["category"] == "comm") & (ev["name"] == "all_reduce")].sort_values("seq")
     ours = ((c["t_end"] - c["t_start"]) / 1e6).tolist()
     assert len(ours) == len(mine) == 8

@@ -6,7 +6,7 @@ import pytest
 
 from tracegen import ddp_rank, write_run
 
-NB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+NB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "notebooks")
 
 
 @pytest.fixture

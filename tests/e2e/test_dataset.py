@@ -9,7 +9,7 @@ import nvidia.dali.tfrecord as tfrec  # noqa: E402  (imported up front: DALI add
 import pytest
 from nvidia.dali import fn, pipeline_def  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "workloads"))
 from make_dataset import crc32c, make  # noqa: E402
 
