@@ -8,7 +8,7 @@ BASE := $(VENV)/.commprof-base
 DEMO_DIR ?= commprof-demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench golden clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ demo: $(BASE)
 test: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/commprof/torch_extensions}" \
 		$(PY) -m pytest $(PYTEST_ARGS)
+
+# Regenerate the golden reports of tests/golden/ (review the diff like code).
+golden: $(BASE)
+	$(PY) tests/golden/make_golden.py
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/overhead.py

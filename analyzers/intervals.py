@@ -12,6 +12,18 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 
+@dataclass
+class Segments:
+    window: np.ndarray      # window index of each segment inside a window
+    length: np.ndarray      # its length (float64 ns)
+    covs: List[np.ndarray]  # per interval set: covered?
+    n_windows: int
+
+    def total(self, mask: np.ndarray) -> np.ndarray:
+        """Per window: summed length of the segments where ``mask`` holds."""
+        return np.bincount(self.window, weights=self.length * mask, minlength=self.n_windows)
+
+
 def segments(windows_start: np.ndarray, windows_end: np.ndarray,
              sets: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Segments:
     """Cut time into elementary segments, keep those inside a window.

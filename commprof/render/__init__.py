@@ -9,50 +9,18 @@ costs nothing beyond the standard library."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Dict, List, Optional, Type
 
 from ..trace.files import atomic_write
-from ..trace.values import missing
+from .base import Renderer, cells, fmt  # noqa: F401  (the base, for renderers elsewhere)
+from .csvtables import CsvRenderer
+from .html import HtmlRenderer
+from .jsonfile import JsonRenderer
+from .markdown import MarkdownRenderer
+from .terminal import TerminalRenderer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..analyzers.report import Report, Table
-
-
-class Renderer:
-    #: ``--format`` name
-    name = ""
-    #: file extensions (first: the one ``--out-dir`` uses)
-    extensions: Tuple[str, ...] = ()
-    #: written by ``--out-dir`` as ``report<ext>``
-    in_out_dir = True
-
-    def render(self, report: "Report") -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-def fmt(value, spec: str) -> str:
-    if missing(value):
-        return "-"
-    if spec:
-        try:
-            return format(value, spec)
-        except (TypeError, ValueError):
-            return str(value)
-    return str(value)
-
-
-def cells(table: "Table") -> List[List[str]]:
-    out = []
-    for row in table.frame.to_dict("records"):  # keeps each column's type (iterrows would upcast)
-        out.append([fmt(row.get(col), spec) for col, _, spec in table.columns])
-    return out
-
-
-from .terminal import TerminalRenderer  # noqa: E402
-from .markdown import MarkdownRenderer  # noqa: E402
-from .csvtables import CsvRenderer  # noqa: E402
-from .jsonfile import JsonRenderer  # noqa: E402
-from .html import HtmlRenderer  # noqa: E402
+    from ..analyzers.report import Report
 
 RENDERERS: Dict[str, Type[Renderer]] = {cls.name: cls for cls in
                                         (TerminalRenderer, MarkdownRenderer, CsvRenderer, JsonRenderer,

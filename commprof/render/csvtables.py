@@ -4,7 +4,7 @@ import csv
 import io
 
 from ..trace.values import missing
-from . import Renderer
+from .base import Renderer
 
 
 class CsvRenderer(Renderer):

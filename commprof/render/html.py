@@ -12,7 +12,7 @@ import json
 from typing import List
 
 from ..trace.values import missing
-from . import Renderer, cells
+from .base import Renderer, cells
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222}

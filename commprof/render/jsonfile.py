@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 from ..trace.values import plain
-from . import Renderer
+from .base import Renderer
 
 
 class JsonRenderer(Renderer):

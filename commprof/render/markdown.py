@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from . import Renderer, cells
+from .base import Renderer, cells
 
 
 def _esc(s: str) -> str:

@@ -137,3 +137,21 @@ def test_bad_kineto_inputs(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "--rank" in err
     assert main(["import", "kineto", str(single), "--rank", "0", "-o", str(tmp_path / "o.parquet")]) == 0
     assert main(["import", "kineto", str(tmp_path / "missing"), "-o", str(tmp_path / "o.parquet")]) == 2
+
+
+def test_kernel_mode_file_without_distributed_info():
+    """Kernel mode's own torch.profiler file has no distributedInfo: with no
+    rank given it is rank 0, not a KeyError; a given rank wins."""
+    from commprof.convert.kineto import convert
+
+    doc = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "ts": 10.0,
+                            "dur": 5.0, "pid": 0, "tid": 7, "args": {"correlation": 1}}]}
+    rows, meta = convert(doc, "k.json", kernels_only=True)
+    assert meta["rank"] == 0 and len(rows) == 1 and rows[0].name == "gemm"
+    rows, meta = convert(doc, "k.json", rank=3, kernels_only=True)
+    assert meta["rank"] == 3
+    doc["distributedInfo"] = {"rank": 5, "world_size": 8}
+    assert convert(doc, "k.json", kernels_only=True)[1]["rank"] == 5
+    del doc["distributedInfo"]
+    with pytest.raises(Exception, match="no distributedInfo.rank"):
+        convert(doc, "k.json")

@@ -1,10 +1,12 @@
 """The notebooks run top to bottom on traces the test generates."""
 import os
 
-import nbformat
 import pytest
 
 from tracegen import ddp_rank, write_run
+
+nbformat = pytest.importorskip("nbformat")
+pytestmark = pytest.mark.slow  # runs a Jupyter kernel per notebook
 
 NB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "notebooks")
 

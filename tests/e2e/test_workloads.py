@@ -11,6 +11,8 @@ from conftest import ROOT, run, venv_env
 sys.path.insert(0, os.path.join(ROOT, "workloads"))
 from make_dataset import make  # noqa: E402
 
+pytestmark = pytest.mark.slow  # launches training processes
+
 PY = sys.executable
 RESNET = os.path.join(ROOT, "workloads", "resnet.py")
 ARGS = ["--image-size", "32", "--steps", "16", "--lr", "0.2", "--no-val"]

@@ -11,6 +11,8 @@ import pytest
 from commprof import assemble
 from conftest import ROOT, TINY, commprof_cmd, run, venv_env
 
+pytestmark = pytest.mark.slow  # launches training processes
+
 PY = sys.executable
 
 

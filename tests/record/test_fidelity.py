@@ -2,9 +2,12 @@
 import sys
 
 import numpy as np
+import pytest
 
 from commprof.api import analyze
 from conftest import TINY
+
+pytestmark = pytest.mark.slow  # launches training processes
 
 PY = sys.executable
 

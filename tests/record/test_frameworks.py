@@ -9,12 +9,15 @@ import pytest
 
 # Imported up front: these packages add their own import hooks to
 # sys.meta_path, which the leak fixture would otherwise blame on commprof.
-import deepspeed  # noqa: E402
-import deepspeed.comm as dc  # noqa: E402
-import horovod.torch as hvd  # noqa: E402
-import horovod.torch.mpi_ops as mpi_ops  # noqa: E402
-import horovod.torch.optimizer as hopt  # noqa: E402
-import nvidia.dali.plugin.pytorch as dali  # noqa: E402
+# Every test here needs all three frameworks (make install brings them).
+deepspeed = pytest.importorskip("deepspeed")
+dc = pytest.importorskip("deepspeed.comm")
+hvd = pytest.importorskip("horovod.torch")
+mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
+hopt = pytest.importorskip("horovod.torch.optimizer")
+dali = pytest.importorskip("nvidia.dali.plugin.pytorch")
+
+pytestmark = pytest.mark.slow
 
 from commprof import assemble
 from commprof.record import session

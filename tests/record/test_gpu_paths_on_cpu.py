@@ -3,8 +3,12 @@ chosen steps and merges its trace; telemetry without NVML says so once and
 records nothing; without CUDA no device times are claimed."""
 import sys
 
+import pytest
+
 from commprof import assemble
 from conftest import TINY
+
+pytestmark = pytest.mark.slow  # launches training processes
 
 PY = sys.executable
 

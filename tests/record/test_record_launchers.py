@@ -9,6 +9,8 @@ import pytest
 from commprof import assemble
 from conftest import TINY
 
+pytestmark = pytest.mark.slow  # launches training processes
+
 PY = sys.executable
 STEPS = 6
 
