@@ -4,7 +4,9 @@ buckets, and arrival skew across ranks.
 S (``bytes``) is recorded as nccl-tests define it: the tensor for
 all_reduce / broadcast / reduce, the *full* array (per-rank part x n) for
 reduce_scatter and all_gather. For each call, latency t = completion -
-issue (host clock), algbw = S / t (GB/s, 1 GB = 1e9 bytes) and
+issue: on the device when the row has device times (CUDA events: NCCL
+collectives return at enqueue, so host times would be enqueue times), else
+on the host clock; algbw = S / t (GB/s, 1 GB = 1e9 bytes) and
 busbw = algbw x factor(n) with n = group size:
 all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all, gather,
 scatter (n-1)/n; broadcast, reduce 1. Tables report medians over calls.
@@ -14,7 +16,8 @@ earlier buckets, so their bandwidths are lower bounds.
 Arrival skew: the same collective has the same (group, seq) on every rank.
 Per instance, skew = latest issue - earliest issue (time the early ranks
 wait for peers) and transfer = mean completion - latest issue (time after
-everyone arrived). Ranks on different hosts are aligned with each rank's
+everyone arrived). Issue times are always the host's calls (who arrived
+late); completion is the device's when known. Ranks on different hosts are aligned with each rank's
 wall-clock offset.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
+from .events import device_times
 from .sketch import Sketch
 
 SIZE_EDGES = [0, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26,
@@ -63,7 +67,12 @@ def per_call(events: pd.DataFrame) -> pd.DataFrame:
     """Collective events with latency, algbw and busbw columns."""
     c = events[events["category"].astype(str) == "comm"].copy()
     c["op"] = c["name"].astype(str)
-    c["latency_s"] = (c["t_end"] - c["t_start"]).astype(np.float64) / 1e9
+    dev = ("dev_start" in c.columns and "dev_end" in c.columns) and c["dev_start"].notna() & c["dev_end"].notna()
+    if dev is not False and dev.any():
+        c["latency_s"] = np.where(dev, c["dev_end"] - c["dev_start"], c["t_end"] - c["t_start"]).astype(
+            np.float64) / 1e9
+    else:
+        c["latency_s"] = (c["t_end"] - c["t_start"]).astype(np.float64) / 1e9
     nbytes = c["bytes"].astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         c["algbw"] = np.where(c["latency_s"] > 0, nbytes / c["latency_s"] / 1e9, np.nan)
@@ -184,9 +193,16 @@ class CollectiveStats:
         src_codes, srcs = _codes(comm.column("source"))
         t0 = _num(comm, "t_start", np.int64, 0)
         t1 = _num(comm, "t_end", np.int64, 0)
+        dev = device_times(comm)
+        if dev is not None:  # latency and completion on the device; issue stays the host's call
+            d0, d1, has = dev
+            lat_ns = np.where(has, d1 - d0, t1 - t0)
+            t1 = np.where(has, d1, t1)
+        else:
+            lat_ns = t1 - t0
         nbytes = _num(comm, "bytes", np.float64, np.nan)
         gsize = _num(comm, "group_size", np.float64, np.nan)
-        lat_s = (t1 - t0).astype(np.float64) / 1e9
+        lat_s = lat_ns.astype(np.float64) / 1e9
         with np.errstate(divide="ignore", invalid="ignore"):
             algbw = np.where(lat_s > 0, nbytes / lat_s / 1e9, np.nan)
         bucket = size_bucket(nbytes)

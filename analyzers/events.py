@@ -3,6 +3,19 @@
 Every analyzer takes an :class:`Events` built from a ``pyarrow.Table`` (or a
 pandas DataFrame, for tests and notebooks) holding trace rows of one or more
 ranks. Times are int64 nanoseconds.
+
+**Device time first.** A row with device times (``dev_start`` and
+``dev_end``: CUDA events, already on the host's clock) is placed at its
+device interval, not at its host one: on a GPU the host only *enqueues*
+kernels and NCCL collectives (ProcessGroupNCCL completes a collective's
+future at enqueue), so host intervals say nothing about where the device
+spends its time. A rank whose optimizer steps carry device times gets
+device step windows too: step k runs from the device end of step k-1's
+optimizer to the device end of its own (the first measured step keeps its
+host length, moved to end at its optimizer's device end). Rows without
+device times (data waits, CPU runs) keep their host times. Arrival skew is
+the one figure that stays on host issue times (who called late), see
+:mod:`.collectives`.
 """
 from __future__ import annotations
 
@@ -42,6 +55,55 @@ def _codes(col, mapping) -> np.ndarray:
     return lut[idx]
 
 
+def device_times(data) -> Optional[tuple]:
+    """(dev_start, dev_end, has) arrays when some row has both device
+    times, else None."""
+    if "dev_start" not in data.column_names or "dev_end" not in data.column_names:
+        return None
+    ds, de = data.column("dev_start"), data.column("dev_end")
+    if pa.types.is_null(ds.type) or ds.null_count == len(ds) or de.null_count == len(de):
+        return None
+    has = (_np(pc.is_valid(ds), bool, fill=False) & _np(pc.is_valid(de), bool, fill=False))
+    if not has.any():
+        return None
+    return _np(ds, np.int64), _np(de, np.int64), has
+
+
+def _device_view(data, rank, step, cat, t_start, t_end, dev_start, dev_end, has):
+    t_start = np.where(has, dev_start, t_start)
+    t_end = np.where(has, dev_end, t_end)
+    # device step windows from the optimizer's device ends
+    name = data.column("name")
+    is_opt = (cat == CAT["compute"]) & has & (_codes(name, {"optimizer": 1}) == 1)
+    if not is_opt.any():
+        return t_start, t_end
+    # the last optimizer end of each (rank, step)
+    key = rank[is_opt] * (1 << 32) + step[is_opt]
+    ends = dev_end[is_opt]
+    order = np.lexsort((ends, key))
+    key, ends = key[order], ends[order]
+    last = np.r_[key[1:] != key[:-1], True]
+    okey, oend = key[last], ends[last]
+    is_step = cat == CAT["step"]
+    if not is_step.any():
+        return t_start, t_end
+    sidx = np.flatnonzero(is_step)
+    skey = rank[sidx] * (1 << 32) + step[sidx]
+    pkey = skey - 1  # the previous step of the same rank
+    pos = np.clip(np.searchsorted(okey, skey), 0, len(okey) - 1)
+    found = okey[pos] == skey
+    ppos = np.clip(np.searchsorted(okey, pkey), 0, len(okey) - 1)
+    pfound = (okey[ppos] == pkey) & (step[sidx] > 0)
+    new_end = np.where(found, oend[pos], t_end[sidx])
+    host_len = t_end[sidx] - t_start[sidx]
+    new_start = np.where(found & pfound, oend[ppos], new_end - host_len)
+    t_start = t_start.copy()
+    t_end = t_end.copy()
+    t_start[sidx] = np.where(found, new_start, t_start[sidx])
+    t_end[sidx] = new_end
+    return t_start, t_end
+
+
 @dataclass
 class Events:
     table: pa.Table
@@ -66,16 +128,16 @@ class Events:
         items = np.full(n, np.nan)
         if "items" in data.column_names and n and not pa.types.is_null(data.column("items").type):
             items = data.column("items").to_numpy(zero_copy_only=False).astype(np.float64)
-        return cls(
-            table=data,
-            rank=_np(data.column("rank"), np.int64),
-            step=_np(data.column("step"), np.int64),
-            cat=_codes(data.column("category"), CAT_CODES),
-            t_start=_np(data.column("t_start"), np.int64),
-            t_end=_np(data.column("t_end"), np.int64),
-            blocking=blocking,
-            items=items,
-        )
+        rank = _np(data.column("rank"), np.int64)
+        step = _np(data.column("step"), np.int64)
+        cat = _codes(data.column("category"), CAT_CODES)
+        t_start = _np(data.column("t_start"), np.int64)
+        t_end = _np(data.column("t_end"), np.int64)
+        dev = device_times(data)
+        if dev is not None:
+            t_start, t_end = _device_view(data, rank, step, cat, t_start, t_end, *dev)
+        return cls(table=data, rank=rank, step=step, cat=cat, t_start=t_start, t_end=t_end,
+                   blocking=blocking, items=items)
 
     def __len__(self) -> int:
         return len(self.rank)

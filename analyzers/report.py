@@ -35,7 +35,7 @@ class Report:
 
 
 #: The trace columns the report reads.
-REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end",
+REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "dev_start", "dev_end",
                   "bytes", "dtype", "group", "group_size", "seq", "blocking", "items", "value"]
 
 BREAKDOWN_COLUMNS = [

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -68,10 +69,16 @@ def _with_side_files(folder: str, table: pa.Table, meta: Dict[str, Any]) -> pa.T
 
     rows: List[tuple] = []
     if os.path.exists(kpath):
-        krows, kmeta = kineto.convert(kineto.load(kpath), kpath, rank=int(meta.get("rank", 0)),
-                                      kernels_only=True, clock_offset_ns=offset, step_of_time=step_of)
-        meta["kernels"] = kmeta["kernels"]
-        rows += krows
+        try:
+            krows, kmeta = kineto.convert(kineto.load(kpath), kpath, rank=int(meta.get("rank", 0)),
+                                          kernels_only=True, clock_offset_ns=offset, step_of_time=step_of)
+        except TraceFormatError as exc:
+            # a torn or foreign kernel file costs its kernels, never the rank
+            meta["kernels_error"] = str(exc)
+            sys.stderr.write(f"commprof: kernel trace left out: {exc}\n")
+        else:
+            meta["kernels"] = kmeta["kernels"]
+            rows += krows
     if has_h:
         hrows, summary = horovod_timeline.convert(horovod_timeline.parse(hpath), -offset)
         meta["horovod_timeline"] = summary

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not time regions with CUDA events")
     r.add_argument("-v", "--verbose", action="store_true")
     r.add_argument("--fault-inject", action="append", default=[], help=argparse.SUPPRESS)
+    r.add_argument("--simulate-device-lag-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
     rep = sub.add_parser("report", help="tables from one or more traces",
@@ -161,7 +162,8 @@ def cmd_record(args) -> int:
                 nvtx=not args.no_nvtx, disable=args.disable, labels=_labels(args.label),
                 keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject,
                 kernels=args.kernels, telemetry=args.telemetry, device_timing=not args.no_device_timing,
-                telemetry_interval=args.telemetry_interval, horovod_timeline=args.horovod_timeline)
+                telemetry_interval=args.telemetry_interval, horovod_timeline=args.horovod_timeline,
+                simulate_device_lag_ms=args.simulate_device_lag_ms)
     return exit_like(rc)
 
 

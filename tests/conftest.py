@@ -36,6 +36,10 @@ def _patch_points():
         for fname in SPECS:
             points[f"dist.{fname}"] = getattr(dist, fname, None)
             points[f"c10d.{fname}"] = getattr(c10d, fname, None)
+        from torch.cuda import graphs
+
+        for name in ("capture_begin", "capture_end"):
+            points[f"CUDAGraph.{name}"] = graphs.CUDAGraph.__dict__.get(name)
         points["optim_pre"] = tuple(o._global_optimizer_pre_hooks)
         points["optim_post"] = tuple(o._global_optimizer_post_hooks)
         points["fwd_pre"] = tuple(m._global_forward_pre_hooks)

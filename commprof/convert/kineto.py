@@ -198,7 +198,9 @@ def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None, kernels_
             op_by_ext.setdefault(ext, e["name"])
     launches = {}
     for e in events:
-        if e.get("cat") == "cuda_runtime" and e.get("ph") == "X":
+        # cudaLaunchKernel & co. (cuda_runtime) and cuLaunchKernelEx & co.
+        # (cuda_driver: Triton, CUTLASS 3, NCCL's newer launch paths)
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X":
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launches[corr] = e
@@ -236,7 +238,10 @@ def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None, kernels_
             launch_t = ns(launch["ts"]) if launch is not None else t0
             step = step_of(launch_t)
             rows.append(Event(step, "kernel", cls, op, name, t0, t1, t0, t1, bytes=args.get("bytes")))
-            if cls == "nccl":
+            # In kernel mode the host rows already are the collectives (with
+            # their group's sequence numbers): NCCL kernels stay kernels, or
+            # every collective would count twice under colliding (group, seq).
+            if cls == "nccl" and not kernels_only:
                 coll = collective_of(name, args)
                 nbytes, dtype = nccl_bytes(coll, args)
                 group = str(args.get("Process Group Name") or "0")

@@ -37,8 +37,11 @@ class Config:
     #: Test hook: names of instruments that must raise inside their hook
     #: (to prove a failing instrument never breaks training).
     fault_inject: Tuple[str, ...] = ()
-    #: Device-accurate times (CUDA events) for compute regions on CUDA.
+    #: Device-accurate times (CUDA events) for compute regions and collectives on CUDA.
     device_timing: bool = True
+    #: Test hook: time regions with simulated device events that complete this
+    #: many ms after they are recorded (a device with a backlog); 0 = off.
+    simulate_device_lag_ms: float = 0.0
     #: Kernel mode: "START:COUNT" profiles optimizer steps START..START+COUNT-1
     #: with torch.profiler (CPU + CUDA activities); "" = off.
     kernels: str = ""

@@ -160,7 +160,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
            nvtx: bool = True, disable: List[str] = (), labels: Optional[Dict[str, str]] = None,
            keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = (),
            kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
-           telemetry_interval: float = 1.0, horovod_timeline: bool = False) -> int:
+           telemetry_interval: float = 1.0, horovod_timeline: bool = False,
+           simulate_device_lag_ms: float = 0.0) -> int:
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
@@ -190,7 +191,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
                     launcher=detect_launcher(cmd), flush_interval=flush_interval, nvtx=nvtx,
                     disable=tuple(disable), verbose=verbose, fault_inject=tuple(fault_inject),
                     labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
-                    device_timing=device_timing, telemetry_interval=telemetry_interval)
+                    device_timing=device_timing, telemetry_interval=telemetry_interval,
+                    simulate_device_lag_ms=simulate_device_lag_ms)
     boot_dir = os.path.join(out_dir, BOOTSTRAP_DIR)
     bootstrap.write_bootstrap(boot_dir, config)
     shard_dir = os.path.join(out_dir, "shards")

@@ -30,6 +30,7 @@ from ..trace.journal import finalize_journal
 from ..trace.schema import Event
 from . import ranks as _ranks
 from .config import Config
+from .device import DRAIN_DEADLINE_S
 from .kernelmode import KernelWindow
 from .log import warn
 from .nvtx import make as make_nvtx
@@ -69,7 +70,7 @@ class Recorder:
         self.run_info: Dict[str, Any] = {}
         self.last_comm_issue = 0
         self.timer = None
-        self._timer_checked = False
+        self.capturing = 0
         self.telemetry = None
         self.kernels = KernelWindow(self.config.kernels)
         self.tls = threading.local()
@@ -83,7 +84,12 @@ class Recorder:
 
     def after_fork_in_child(self) -> None:
         """A forked child starts with a fresh, idle recorder (and becomes a
-        rank only if it records something and is not a DataLoader worker)."""
+        rank only if it records something and is not a DataLoader worker).
+        The parent's device timer is kept alive, untouched: destroying its
+        CUDA events would be a CUDA call in the forked child."""
+        from .device import orphan_after_fork
+
+        orphan_after_fork(self.timer)
         self._reset()
 
     @property
@@ -108,19 +114,34 @@ class Recorder:
         self.emit(Event(self.clock.step, category, name, source, detail, t0, t1, items=items))
 
     def dev_begin(self):
-        """A CUDA start event when device timing is on, else None."""
+        """A device start event when device timing is on, else None."""
         timer = self.timer
         if timer is None:
-            if self._timer_checked or not self.config.device_timing:
-                return None
-            from .device import maybe_timer
-
-            timer = self.timer = maybe_timer()
-            if timer is None:
-                if sys.modules.get("torch") is not None:
-                    self._timer_checked = True
-                return None
+            return None
         return timer.begin()
+
+    def _check_timer(self) -> None:
+        """Start device timing once this process uses CUDA: checked when the
+        process becomes a rank and at every step end until then (a forward
+        may well run before CUDA is initialised)."""
+        if self.timer is not None or not self.config.device_timing:
+            return
+        from .device import make_timer
+
+        self.timer = make_timer(self.config.simulate_device_lag_ms)
+        if self.timer is not None:
+            self.timer.capturing = self.capturing
+
+    def capture_begins(self) -> None:
+        """A CUDA graph capture starts: no events are recorded or queried."""
+        self.capturing += 1
+        if self.timer is not None:
+            self.timer.capturing = self.capturing
+
+    def capture_ends(self) -> None:
+        self.capturing = max(0, self.capturing - 1)
+        if self.timer is not None:
+            self.timer.capturing = self.capturing
 
     def region_dev(self, category: str, name: str, source: str, detail: Optional[str],
                    t0: int, t1: int, dev, items: Optional[int] = None) -> None:
@@ -136,9 +157,20 @@ class Recorder:
 
     def collective(self, name: str, source: str, detail: Optional[str], t0: int, t1: int,
                    nbytes: Optional[int], dtype: Optional[str], group: str,
-                   group_size: int, seq: int, step: int, blocking: bool) -> None:
-        self.emit(Event(step, "comm", name, source, detail, t0, t1, bytes=nbytes, dtype=dtype,
-                        group=group, group_size=group_size, seq=seq, blocking=blocking))
+                   group_size: int, seq: int, step: int, blocking: bool, dev=None) -> None:
+        """A collective issued at ``t0`` that returned / completed on the host
+        at ``t1``. With ``dev`` (``dev_begin()`` at issue), call this where
+        the device work is known to be complete on the current stream — after
+        a blocking call, or in the work's future callback — and the row waits
+        for its device times."""
+        row = Event(step, "comm", name, source, detail, t0, t1, bytes=nbytes, dtype=dtype,
+                    group=group, group_size=group_size, seq=seq, blocking=blocking)
+        if dev is not None and self.timer is not None:
+            if self.state != "active" and (self.state != "idle" or not self._activate()):
+                return
+            self.timer.end(dev, row)
+        else:
+            self.emit(row)
 
     def metric(self, name: str, value: float, t: Optional[int] = None, source: str = "user",
                detail: Optional[str] = None) -> None:
@@ -192,6 +224,8 @@ class Recorder:
         if self.kernels.window is not None:
             self.kernels.at_step(self.clock.step, self.run_info,
                                  self.shard_dir if self.state == "active" else None, self.host, self.pid)
+        if self.timer is None:
+            self._check_timer()
         if self.rank_info is None or not self.rank_info.final:
             self._refresh_rank()
 
@@ -208,6 +242,9 @@ class Recorder:
             return False
         self._refresh_rank()
         self.state = "active"
+        self._check_timer()
+        if self.kernels.window is not None and self.clock.step == 0:
+            self.kernels.at_step(0, self.run_info, self.shard_dir, self.host, self.pid)
         self._start_telemetry()
         self.flusher = Flusher(self.q, self.shard_dir, self.host, self.pid, self.config.flush_interval,
                                self.rank_meta, self._before_flush, self._flush_failed)
@@ -217,22 +254,22 @@ class Recorder:
     def _flush_failed(self) -> None:
         self.state = "off"
 
-    def _before_flush(self) -> None:
+    def _before_flush(self, deadline: Optional[float]) -> None:
+        """Under the writer's lock: device times resolved since the last
+        flush join the queue (at close: waiting until ``deadline``)."""
         if self.rank_info is None or not self.rank_info.final:
             self._refresh_rank()
         if self.timer is not None and self.timer.pending:
-            self.timer.resolve(self.q.append)
+            self.timer.resolve(self.q.append, deadline)
 
     def _start_telemetry(self) -> None:
         mode = self.config.telemetry
         if mode == "off":
             return
         if mode == "auto":
-            torch = sys.modules.get("torch")
-            try:
-                if torch is None or not torch.cuda.is_available():
-                    return
-            except Exception:
+            from .device import cuda_present
+
+            if not cuda_present():
                 return
         from .telemetry import Sampler, device_index
 
@@ -287,9 +324,8 @@ class Recorder:
                 self.telemetry.stop()
             if self.kernels.running:
                 self.kernels.stop(self.shard_dir, self.host, self.pid)
-            if self.timer is not None and self.timer.pending:
-                self.timer.resolve(self.q.append, wait=True)
-            self.flusher.flush()
+            self.kernels.wait_exported()
+            self.flusher.flush(deadline=time.monotonic() + DRAIN_DEADLINE_S)
             if self.flusher.close():
                 finalize_journal(self.shard_dir, self.host, self.pid, self.rank_meta("complete"))
         except Exception as exc:

@@ -61,11 +61,12 @@ class Session:
         info = self.recorder.run_info
         torch = sys.modules.get("torch")
         if torch is not None:
+            from .device import cuda_present
+
             info["torch"] = getattr(torch, "__version__", None)
-            try:
-                info["cuda"] = bool(torch.cuda.is_available())
-            except Exception:
-                info["cuda"] = False
+            # never torch.cuda.is_available() here: it initialises CUDA state
+            # that breaks fork() (DataLoader workers, Lightning's ddp_fork)
+            info["cuda"] = cuda_present()
 
     def uninstall(self) -> None:
         for inst in reversed(list(self.instruments.values())):

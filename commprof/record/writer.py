@@ -16,7 +16,7 @@ from .log import log_once
 class Flusher:
     def __init__(self, queue: collections.deque, shard_dir: str, host: str, pid: int,
                  interval: float, meta: Callable[[str], Dict[str, Any]],
-                 before_flush: Callable[[], None], on_fail: Callable[[], None]):
+                 before_flush: Callable[[Optional[float]], None], on_fail: Callable[[], None]):
         self.q = queue
         self.journal = JournalWriter(shard_dir, host, pid)
         self.interval = interval
@@ -48,9 +48,11 @@ class Flusher:
     def stop(self) -> None:
         self._stop.set()
 
-    def flush(self) -> None:
+    def flush(self, deadline: Optional[float] = None) -> None:
+        """Move what is queued into the journal (device rows resolved first,
+        waiting for pending ones until ``deadline`` when given)."""
         with self.lock:
-            self._before()
+            self._before(deadline)
             n = len(self.q)
             if n:
                 self.journal.append([self.q.popleft() for _ in range(n)])

@@ -12,6 +12,7 @@ pytestmark = [pytest.mark.gpu,
 
 def test_gpu_check(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "gpu_check.py")
-    proc = subprocess.run([sys.executable, script, "--steps", "20", "--batch-size", "32",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    # the check's own budget stops starting runs after 300 s; each run has its own timeout
+    proc = subprocess.run([sys.executable, script, "--steps", "20", "--budget-s", "300",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

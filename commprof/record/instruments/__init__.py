@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .autograd import AutogradInstrument
 from .collectives import CollectivesInstrument
+from .cudagraph import CudaGraphInstrument
 from .dali import DaliInstrument
 from .dataloader import DataLoaderInstrument
 from .ddp import DDPInstrument
@@ -25,4 +26,5 @@ ALL = {cls.name: cls for cls in (
     HorovodInstrument,
     DeepSpeedInstrument,
     DaliInstrument,
+    CudaGraphInstrument,
 )}

@@ -34,8 +34,8 @@ class AutogradInstrument(Instrument):
                 inst.check_fault()
                 inst._depth = 1
                 rec.nvtx.push("backward")
-                dev = rec.dev_begin()
                 t0 = now()
+                dev = rec.dev_begin()
                 rec.backward_begins()
             except Exception as exc:
                 inst._depth = 0

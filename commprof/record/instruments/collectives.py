@@ -117,6 +117,7 @@ class CollectivesInstrument(Instrument):
                 step = rec.step
                 rid = rec.nvtx.start(op)
                 t0 = now()
+                dev = rec.dev_begin()
                 if is_async:
                     rec.comm_issued(t0)
             except Exception as exc:
@@ -131,15 +132,19 @@ class CollectivesInstrument(Instrument):
                 if not is_async or work is None:
                     t1 = now()
                     rec.nvtx.end(rid)
+                    # after a blocking call the current stream waits for the
+                    # work (NCCL): the end event marks its device completion
                     rec.collective(op, source, fname, t0, t1, nbytes, dtype,
-                                   gname, gsize, seq, step, blocking=True)
+                                   gname, gsize, seq, step, blocking=True, dev=dev)
                 else:
                     def done(fut, _rid=rid):
                         t1 = now()
                         try:
                             rec.nvtx.end(_rid)
+                            # torch runs then() callbacks of CUDA futures on a
+                            # stream that waits for the work
                             rec.collective(op, source, fname, t0, t1, nbytes, dtype,
-                                           gname, gsize, seq, step, blocking=False)
+                                           gname, gsize, seq, step, blocking=False, dev=dev)
                         except Exception as exc:
                             inst.fail(exc)
                     try:

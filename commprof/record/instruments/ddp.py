@@ -111,6 +111,7 @@ class DDPInstrument(Instrument):
                 step = rec.step
                 rec.comm_issued(t0)
                 rid = rec.nvtx.start("all_reduce")
+                dev = rec.dev_begin()
             except Exception as exc:
                 inst.fail(exc)
                 return hook(state, bucket)
@@ -124,8 +125,10 @@ class DDPInstrument(Instrument):
                 t1 = now()
                 try:
                     rec.nvtx.end(rid)
+                    # runs on a stream that waits for the allreduce (CUDA
+                    # futures): the end event is its device completion
                     rec.collective("all_reduce", "ddp_reducer", hook_name, t0, t1, nbytes,
-                                   dtype, gname, gsize, seq, step, blocking=False)
+                                   dtype, gname, gsize, seq, step, blocking=False, dev=dev)
                 except Exception as exc:
                     inst.fail(exc)
                 return f.value()
