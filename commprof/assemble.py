@@ -3,9 +3,9 @@
 A *run* on disk is one of:
 - a merged trace file (``trace.parquet``),
 - a record folder (``DIR`` with ``trace.parquet`` or ``shards/``),
-- a folder of shards: finished per-rank ``rank*.parquet`` files and the
-  journals (``*.arrows`` + ``*.meta.json``) of ranks that never finished
-  (killed): those are salvaged up to their last complete batch.
+- a folder of shards: the ranks' journals (``*.cpj`` + ``*.meta.json``;
+  those of killed ranks are salvaged up to their last complete block) and
+  any Parquet shards ``rank*.parquet``.
 
 A shard folder may also hold side files other tools wrote while the job
 ran — kernel mode's torch.profiler windows (``kineto.<host>.<pid>.json.gz``)
@@ -98,7 +98,7 @@ def iter_shard_tables(folder: str) -> Iterator[Tuple[pa.Table, Dict[str, Any]]]:
         meta = ranks[0] if ranks else {}
         yield _with_side_files(folder, table, meta), meta
     for j in journals:
-        table, meta = journal.salvage_journal(j)
+        table, meta = journal.load_journal(j)
         if table is not None:
             yield _with_side_files(folder, table, meta), meta
 
@@ -155,7 +155,8 @@ def open_run(path: str) -> Tuple[Dict[str, Any], List[Dict[str, Any]], str, str]
         metas.extend(ranks[:1])
     for j in journals:
         m = journal.read_journal_meta(j)
-        m["status"] = "salvaged"
+        if m.get("status") != "complete":
+            m["status"] = "salvaged"
         metas.append(m)
     return run_metadata(metas), metas, kind, where
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import collections
 import struct
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, Optional
 
 from .log import log_once
 
@@ -123,8 +123,10 @@ class DeviceTimer:
         self.ev = events
         self.clock = clock
         self.pending: collections.deque = collections.deque()
-        #: reference chain: [event, host ns of the event or None until known]
-        self._refs: List[list] = []
+        #: reference chain, index -> [event, host ns of the event or None
+        #: until known]; references no pending row needs are dropped
+        self._refs: Dict[int, list] = {}
+        self._n_refs = 0
         self._last_ref_host = 0
         #: CUDA graph captures in progress (counted by the cudagraph instrument)
         self.capturing = 0
@@ -134,8 +136,12 @@ class DeviceTimer:
         ev = self.ev.record()
         self.ev.synchronize(ev)
         now = self.clock()
-        self._refs.append([ev, now])
+        self._add_ref(ev, now)
         self._last_ref_host = now
+
+    def _add_ref(self, ev, host) -> None:
+        self._refs[self._n_refs] = [ev, host]
+        self._n_refs += 1
 
     def begin(self):
         """A start event on the current stream (None while capturing)."""
@@ -146,9 +152,9 @@ class DeviceTimer:
         else:
             now = self.clock()
             if now - self._last_ref_host >= REF_INTERVAL_NS:
-                self._refs.append([self.ev.record(), None])
+                self._add_ref(self.ev.record(), None)
                 self._last_ref_host = now
-        return (len(self._refs) - 1, self.ev.record())
+        return (self._n_refs - 1, self.ev.record())
 
     def end(self, start, row) -> None:
         """Park ``row`` until the end event (recorded now, on the current
@@ -213,7 +219,21 @@ class DeviceTimer:
             self.pending.popleft()
             emit(row._replace(dev_start=times[0], dev_end=times[1]) if times else row)
             n += 1
+        if n:
+            self._prune()
         return n
+
+    def _prune(self) -> None:
+        """Drop references older than what pending rows need (keeping the
+        newest one whose time is known, the chain's base)."""
+        needed = min((start[0] for start, _e, _r in self.pending if start is not None),
+                     default=self._n_refs - 1)
+        base = max((k for k, (_ev, host) in self._refs.items() if host is not None and k <= needed),
+                   default=None)
+        if base is None:
+            return
+        for k in [k for k in self._refs if k < base]:
+            del self._refs[k]
 
 
 

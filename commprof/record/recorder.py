@@ -8,8 +8,9 @@ build one :class:`~commprof.trace.schema.Event` and ``deque.append`` it
 (atomic under the GIL, no lock). The writer thread drains the queue into the
 journal every ``flush_interval`` seconds, so a process killed with SIGKILL
 keeps every event older than about one flush interval. When the process
-ends normally (atexit, SIGTERM, ``os._exit``) the journal becomes the rank's
-Parquet shard.
+ends normally (atexit, SIGTERM, ``os._exit``) what is queued is written
+synchronously and the journal is marked complete; it becomes Parquet only
+when the shards are merged, outside the training processes.
 
 A process becomes a *rank* only when it records its first event; the
 torchrun agent and other launcher processes never do, and DataLoader worker
@@ -26,7 +27,6 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from ..trace.journal import finalize_journal
 from ..trace.schema import Event
 from . import ranks as _ranks
 from .config import Config
@@ -313,7 +313,8 @@ class Recorder:
         return meta
 
     def close(self) -> None:
-        """Flush everything and turn the journal into the rank's Parquet shard.
+        """Flush everything into the journal and mark it complete (pure
+        Python and a few writes: fast enough for a SIGTERM handler).
         Idempotent; safe to call from atexit, signal handlers and os._exit."""
         if self.state != "active" or self.pid != os.getpid():
             return
@@ -326,8 +327,7 @@ class Recorder:
                 self.kernels.stop(self.shard_dir, self.host, self.pid)
             self.kernels.wait_exported()
             self.flusher.flush(deadline=time.monotonic() + DRAIN_DEADLINE_S)
-            if self.flusher.close():
-                finalize_journal(self.shard_dir, self.host, self.pid, self.rank_meta("complete"))
+            self.flusher.close()
         except Exception as exc:
             warn(f"could not finalise the trace of pid {self.pid}: {exc!r} "
                  "(the journal is kept and will be salvaged)")

@@ -33,6 +33,11 @@ class Flusher:
         return self.journal.events
 
     def start(self) -> None:
+        """Create the journal and its metadata now (a rank killed in its
+        first steps still leaves both), then flush every ``interval``."""
+        with self.lock:
+            self.journal.open()
+            self._write_meta()
         self._thread = threading.Thread(target=self._loop, name="commprof-flush", daemon=True)
         self._thread.start()
 
@@ -68,9 +73,9 @@ class Flusher:
         self.journal.write_meta(meta)
         self._meta_written = key
 
-    def close(self) -> bool:
-        """Close the journal; True when it holds anything (a shard can be made)."""
+    def close(self) -> None:
+        """Mark the journal complete (its metadata says so) and close it."""
         with self.lock:
-            started = self.journal.started
+            if self.journal.started:
+                self.journal.write_meta(self._meta("complete"))
             self.journal.close()
-            return started

@@ -134,3 +134,57 @@ def test_python_dash_m_commprof_equals_console_script(tmp_path):
     b = run(commprof_cmd("--version"))
     assert a.returncode == b.returncode == 0
     assert a.stdout == b.stdout and a.stdout.startswith("commprof ")
+
+
+def test_a_job_killed_in_its_first_steps_keeps_both_ranks(record):
+    """Rank 1 SIGKILLed in step 1, ~a second into training: torchrun ends
+    rank 0 with SIGTERM. Rank 0's events up to its SIGTERM (written
+    synchronously by its handler: pure Python, no pyarrow) and rank 1's up
+    to about one flush interval before the kill are in the trace."""
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                        "--steps", "40", "--step-sleep", "0.6", "--kill-at", "1", "--kill-rank", "1"],
+                       "--flush-interval", "0.5")
+    assert proc.returncode != 0
+    assert "no process recorded any event" not in proc.stderr
+    with open(os.path.join(proc.res_dir, "killed1.json")) as fh:
+        killed = json.load(fh)
+    run_ = assemble.load(out)
+    ev = run_.table.to_pandas()
+    metas = {m["rank"]: m for m in run_.ranks}
+    assert set(metas) == {0, 1}, metas
+    assert metas[0]["status"] == "complete" and metas[1]["status"] == "salvaged"
+    dead, alive = ev[ev["rank"] == 1], ev[ev["rank"] == 0]
+    assert 0 in set(dead[dead["category"] == "step"]["step"])  # step 0 was flushed before the kill
+    assert dead["t_end"].max() >= killed["t"] - 1_500_000_000
+    assert alive[alive["category"] == "step"]["step"].max() >= 1
+    assert (alive["category"] == "comm").any()
+
+
+def test_a_recorded_rank_imports_no_pyarrow_or_pandas(record, tmp_path):
+    """A pure-PyTorch DDP script recorded on 2 ranks: after its journal has
+    been flushed many times and closed, neither pyarrow nor pandas was ever
+    imported in the rank (numpy is: torch imports it itself)."""
+    script = tmp_path / "pure.py"
+    script.write_text(
+        "import json, os, sys, time\n"
+        "import torch, torch.distributed as dist, torch.nn as nn\n"
+        "dist.init_process_group('gloo')\n"
+        "model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(20):\n"
+        "    model(torch.randn(8, 16)).sum().backward(); opt.step(); opt.zero_grad(); time.sleep(0.02)\n"
+        "import commprof.record.session as s\n"
+        "s.stop()  # flush and close the journal now, then look\n"
+        "heavy = [m for m in ('pyarrow', 'pandas') if m in sys.modules]\n"
+        "json.dump({'heavy': heavy, 'numpy': 'numpy' in sys.modules},\n"
+        "          open(os.path.join(sys.argv[1], f'mods{dist.get_rank()}.json'), 'w'))\n"
+        "t = torch.zeros(1); dist.all_reduce(t); dist.destroy_process_group()\n")
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", str(script), "{res}"],
+                       "--flush-interval", "0.05")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in (0, 1):
+        with open(os.path.join(proc.res_dir, f"mods{r}.json")) as fh:
+            mods = json.load(fh)
+        assert mods["heavy"] == [], mods
+    ev = assemble.load(out).table.to_pandas()
+    assert set(ev["rank"]) == {0, 1} and (ev["category"] == "comm").any()

@@ -143,7 +143,8 @@ def test_fork_child_does_not_write(recording, tmp_path):
     assert status == 0
     session.stop()
     shards, journals = assemble.find_shards(str(tmp_path / "out" / "shards"))
-    assert len(shards) == 1 and not journals
+    assert not shards and len(journals) == 1  # the parent's journal only
+    assert assemble.open_run(str(tmp_path / "out" / "shards"))[1][0]["status"] == "complete"
 
 
 def test_metric_api_records_only_when_recording(recording, tmp_path):

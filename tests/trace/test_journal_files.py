@@ -26,56 +26,113 @@ def test_event_defaults_and_order():
     assert [f.name for f in schema.TRACE_SCHEMA] == ["rank"] + schema.EVENT_COLUMNS
 
 
+def _all_columns():
+    """Rows that use every column, nulls and non-ASCII strings included."""
+    return [
+        Event(0, "comm", "all_reduce", "ddp_reducer", "default", 1, 2, bytes=4 << 20, dtype="torch.float32",
+              group="0", group_size=8, seq=3, blocking=False),
+        Event(0, "compute", "forward", "nn.Module", "Résumé(Net)", 5, 9, dev_start=6, dev_end=10, items=32),
+        Event(0, "metric", "loss", "user", None, 11, 11, value=0.25),
+        Event(1, "step", "step", "torch.optim", None, 0, 20, items=32),
+        Event(1, "wait", "comm_wait", "autograd", "backward", 12, 13, blocking=True),
+    ]
+
+
+def test_journal_round_trip_every_column(tmp_path):
+    w = journal.JournalWriter(str(tmp_path), "h", 5)
+    rows = _all_columns()
+    w.append(rows[:2])
+    w.append(rows[2:])
+    w.close()
+    table = journal.journal_table(w.path, 7)
+    assert table.schema.equals(schema.TRACE_SCHEMA)
+    got = [tuple(r.values())[1:] for r in table.to_pylist()]
+    assert got == [tuple(r) for r in rows]
+    assert set(table.column("rank").to_pylist()) == {7}
+
+
 def test_journal_torn_tail_is_dropped_and_salvaged(tmp_path):
     w = journal.JournalWriter(str(tmp_path), "h", 42)
     w.append(_rows(5))
     w.append(_rows(7, step=1))
-    w.write_meta({"rank": 3, "world_size": 4, "host": "h", "pid": 42})
-    w._sink.flush()
+    w.write_meta({"rank": 3, "world_size": 4, "host": "h", "pid": 42, "status": "journal"})
     size = os.path.getsize(w.path)
     w.append(_rows(9, step=2))
-    w._sink.flush()
-    # cut the third batch in half: a writer killed mid-write
     full = os.path.getsize(w.path)
+    w.close()
+    # cut the third block in half: a writer killed mid-write
     with open(w.path, "r+b") as fh:
         fh.truncate(size + (full - size) // 2)
-    batches = journal.read_journal(w.path)
-    assert [b.num_rows for b in batches] == [5, 7]
-    shards, orphans = journal.find_shards(str(tmp_path))
-    assert shards == [] and orphans == [w.path]
-    table, meta = journal.salvage_journal(w.path)
+    strings, blocks = journal.read_journal(w.path)
+    assert [len(b) // journal.ROW.size for b in blocks] == [5, 7]
+    shards, journals = journal.find_shards(str(tmp_path))
+    assert shards == [] and journals == [w.path]
+    table, meta = journal.load_journal(w.path)
     assert table.num_rows == 12 and meta["status"] == "salvaged" and meta["events"] == 12
     assert set(table.column("rank").to_pylist()) == {3}
-    assert table.schema.equals(schema.TRACE_SCHEMA)
+
+
+def test_a_corrupted_block_stops_reading_there(tmp_path):
+    w = journal.JournalWriter(str(tmp_path), "h", 43)
+    w.append(_rows(3))
+    size = os.path.getsize(w.path)
+    w.append(_rows(4))
+    w.append(_rows(2))
+    w.close()
+    with open(w.path, "r+b") as fh:  # flip a byte inside the second event block
+        fh.seek(size + 20)
+        b = fh.read(1)
+        fh.seek(size + 20)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    assert [len(b) // journal.ROW.size for b in journal.read_journal(w.path)[1]] == [3]
 
 
 def test_journal_with_nothing_complete(tmp_path):
-    path = tmp_path / "h.1.arrows"
-    path.write_bytes(b"\xff\xff\xff\xff\x10\x00")
-    assert journal.read_journal(str(path)) == []
-    assert journal.salvage_journal(str(path))[0] is None
+    path = tmp_path / "h.1.cpj"
+    path.write_bytes(b"CPJ1B\x45\xff")
+    assert journal.read_journal(str(path)) == ([], [])
+    assert journal.load_journal(str(path))[0] is None
+    (tmp_path / "h.2.cpj").write_bytes(b"")
+    assert journal.load_journal(str(tmp_path / "h.2.cpj"))[0] is None
 
 
-def test_finalize_journal_writes_a_shard_and_removes_the_journal(tmp_path):
+def test_a_closed_journal_is_complete_and_converts_to_a_shard(tmp_path):
     w = journal.JournalWriter(str(tmp_path), "h", 7)
     w.append(_rows(4))
-    w.write_meta({"rank": 1})
+    w.write_meta({"rank": 1, "host": "h", "pid": 7, "status": "complete"})
     w.close()
-    out = journal.finalize_journal(str(tmp_path), "h", 7, {"rank": 1, "host": "h", "pid": 7})
+    table, meta = journal.load_journal(w.path)
+    assert meta["status"] == "complete" and table.num_rows == 4
+    out = journal.journal_to_shard(w.path)
     assert os.path.basename(out) == journal.shard_name(1, "h", 7) == "rank00001.h.7.parquet"
     assert not os.path.exists(w.path) and not os.path.exists(w.meta_path)
     table, run, ranks = parquet.read_file(out)
     assert table.num_rows == 4 and ranks[0]["events"] == 4
-    shards, orphans = journal.find_shards(str(tmp_path))
-    assert shards == [out] and orphans == []
+    shards, journals = journal.find_shards(str(tmp_path))
+    assert shards == [out] and journals == []
 
 
-def test_a_journal_beside_its_finished_shard_is_not_an_orphan(tmp_path):
+def test_a_journal_beside_its_parquet_shard_is_left_out(tmp_path):
     w = journal.JournalWriter(str(tmp_path), "h", 9)
     w.append(_rows(2))
     w.close()
     parquet.write_trace(schema.rows_to_table(_rows(2), 0), str(tmp_path / journal.shard_name(0, "h", 9)), {}, [{}])
     assert journal.find_shards(str(tmp_path))[1] == []
+
+
+def test_the_journal_writer_is_pure_python():
+    import subprocess
+    import sys
+
+    code = ("import sys, tempfile\n"
+            "from commprof.trace import journal\n"
+            "from commprof.trace.schema import Event\n"
+            "w = journal.JournalWriter(tempfile.mkdtemp(), 'h', 1)\n"
+            "w.append([Event(0, 'step', 'step', 'x', None, 1, 2)]); w.close()\n"
+            "print([m for m in ('pyarrow', 'numpy', 'pandas') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_atomic_write_keeps_the_old_file_on_error(tmp_path):
