@@ -2,10 +2,14 @@
 (not a test). A tiny model makes the step short so the hooks' cost is
 visible: the same loop (DataLoader -> forward -> loss -> backward ->
 optimizer) runs in alternating blocks with and without a recording session;
-the difference of the medians is the cost per step (6 recorded events:
-data, forward, loss forward, backward, optimizer, step).
+the difference of the medians is the cost per step. With ``--ddp`` the
+model is wrapped in DistributedDataParallel (a gloo group of one process),
+so the DDP comm-hook wrapper and its future callback run too.
+``--per-instrument`` repeats the comparison with one instrument enabled at
+a time (CPU time per step, ``time.process_time()``, next to wall time), so
+each hook's share of the cost is measured, not guessed.
 
-    python benchmarks/hook_cost.py [--blocks 10] [--steps 300] [--no-nvtx]
+    python benchmarks/hook_cost.py [--blocks 10] [--steps 300] [--no-nvtx] [--ddp] [--per-instrument]
 """
 import argparse
 import os
@@ -26,10 +30,11 @@ from commprof.record.config import Config  # noqa: E402
 
 
 def block(model, loader, opt, steps):
-    times = []
+    """(median wall ns, median CPU ns) per step over ``steps`` steps."""
+    times, cpus = [], []
     it = iter(loader)
     for _ in range(steps):
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
         try:
             x, y = next(it)
         except StopIteration:
@@ -40,7 +45,24 @@ def block(model, loader, opt, steps):
         loss.backward()
         opt.step()
         times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times)
+        cpus.append(time.process_time_ns() - c0)
+    return statistics.median(times), statistics.median(cpus)
+
+
+def paired(model, loader, opt, args, tmp, tag, disable=()):
+    """Alternating blocks plain / recorded: (plain medians, recorded medians,
+    per-block differences) for wall and CPU."""
+    plain, rec = [], []
+    for b in range(args.blocks):
+        plain.append(block(model, loader, opt, args.steps))
+        session.start(Config(out_dir=os.path.join(tmp, f"{tag}{b}"), run_id="bench", nvtx=args.nvtx,
+                             disable=tuple(disable)), hook_exits=False)
+        session.current().install_for("torch")
+        rec.append(block(model, loader, opt, args.steps))
+        session.stop()
+    dw = sorted(r[0] - p[0] for r, p in zip(rec, plain))
+    dc = sorted(r[1] - p[1] for r, p in zip(rec, plain))
+    return plain, rec, dw, dc
 
 
 def main():
@@ -49,22 +71,33 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--nvtx", action=argparse.BooleanOptionalAction, default=True,
                    help="emit NVTX ranges while recording (--no-nvtx: without)")
+    p.add_argument("--ddp", action="store_true", help="wrap the model in DDP (gloo, world of one)")
+    p.add_argument("--per-instrument", action="store_true",
+                   help="also measure each instrument alone (the others disabled)")
     args = p.parse_args()
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     ds = TensorDataset(torch.randn(4096, 32), torch.randint(0, 10, (4096,)))
     loader = DataLoader(ds, batch_size=32)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    plain, rec = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.ddp:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
+            model = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
         block(model, loader, opt, args.steps)  # warm up
-        for b in range(args.blocks):
-            plain.append(block(model, loader, opt, args.steps))
-            session.start(Config(out_dir=os.path.join(tmp, str(b)), run_id="bench", nvtx=args.nvtx),
-                          hook_exits=False)
-            rec.append(block(model, loader, opt, args.steps))
-            session.stop()
-        # the primitive every hook pays: clock reads, NVTX push/pop, one queued tuple
+        plain, rec, dw, dc = paired(model, loader, opt, args, tmp, "all")
+        rows = [("all instruments", plain, rec, dw, dc)]
+        if args.per_instrument:
+            from commprof.record.instruments import ALL
+
+            for name in ("optim", "autograd", "module", "dataloader", "ddp", "collectives"):
+                if name == "ddp" and not args.ddp:
+                    continue
+                others = [n for n in ALL if n != name]
+                rows.append((f"{name} alone",) + paired(model, loader, opt, args, tmp, name, others))
+        # the primitive every hook pays: clock reads, NVTX push/pop, one queued row
         sess = session.start(Config(out_dir=os.path.join(tmp, "prim"), run_id="bench", nvtx=args.nvtx),
                              hook_exits=False)
         rec_ = sess.recorder
@@ -77,15 +110,33 @@ def main():
             rec_.nvtx.pop()
             rec_.region("compute", "forward", "nn.Module", "M", a, b, 32)
         prim = (time.perf_counter_ns() - t0) / n
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            rec_.region("compute", "forward", "nn.Module", "M", 1, 2, 32)
+        emit = (time.perf_counter_ns() - t0) / n
+        rec_.flush()
+        from commprof.trace.schema import Event
+
+        batch = [Event(0, "compute", "forward", "nn.Module", "M", i, i + 1, items=32) for i in range(n)]
+        t0 = time.perf_counter_ns()
+        rec_.flusher.journal.append(batch)
+        pack = (time.perf_counter_ns() - t0) / n
         session.stop()
-    print(f"one recorded region (NVTX push/pop + 2 clock reads + queue): {prim / 1e3:.2f} us")
-    p_med, r_med = statistics.median(plain), statistics.median(rec)
-    diffs = sorted(r - p for r, p in zip(rec, plain))
-    cost = statistics.median(diffs)
-    print(f"median step: plain {p_med / 1e3:.1f} us, recorded {r_med / 1e3:.1f} us; "
-          f"paired cost per step: median {cost / 1e3:.1f} us "
-          f"(blocks' range {diffs[0] / 1e3:.1f} .. {diffs[-1] / 1e3:.1f} us), "
-          f"{cost / 6 / 1e3:.2f} us/event; {args.blocks} alternating blocks of {args.steps} steps")
+    print(f"one recorded region (NVTX push/pop + 2 clock reads + queue): {prim / 1e3:.2f} us; "
+          f"the emission alone (Event + deque.append): {emit / 1e3:.2f} us; "
+          f"journal packing in the writer thread: {pack / 1e3:.2f} us/event")
+    print(f"\n{args.blocks} alternating blocks of {args.steps} steps, {'DDP (world of one)' if args.ddp else 'no DDP'}, "
+          f"NVTX {'on' if args.nvtx else 'off'}\n")
+    print("| recorded with | plain step (µs) | wall cost/step (µs), median [range] | CPU cost/step (µs), median [range] |")
+    print("|---|---:|---:|---:|")
+    for name, plain, rec, dw, dc in rows:
+        p_med = statistics.median(x[0] for x in plain)
+        print(f"| {name} | {p_med / 1e3:.1f} | {statistics.median(dw) / 1e3:+.1f} [{dw[0] / 1e3:+.0f} .. "
+              f"{dw[-1] / 1e3:+.0f}] | {statistics.median(dc) / 1e3:+.1f} [{dc[0] / 1e3:+.0f} .. {dc[-1] / 1e3:+.0f}] |")
+    if args.ddp:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

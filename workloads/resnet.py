@@ -75,7 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--no-val", action="store_true", help="skip validation")
     p.add_argument("--json", action="store_true", help="print a final JSON summary line")
     p.add_argument("--step-times", default=None, metavar="FILE",
-                   help="rank 0 writes its per-step wall times (seconds, JSON list) here")
+                   help="rank 0 writes its per-step wall times (seconds, JSON list) here; every rank "
+                        "writes FILE-stem.rank<R>.json with per-step wall and CPU (process_time) times")
     p.add_argument("--result", default=None, metavar="FILE",
                    help="rank 0 writes its summary (losses, accuracy, throughput) here as JSON")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -307,6 +308,7 @@ def main(argv=None):
     sched = Scheduler(opt, total_steps, lr, args.lr_schedule, int(args.warmup_epochs * steps_per_epoch))
     step, timed_start, timed_steps = 0, None, 0
     step_times, t_last, losses, history = [], time.perf_counter(), [], []
+    cpu_times, c_last = [], time.process_time()
     model.train()
     for epoch in range(epochs):
         if step >= total_steps:
@@ -339,6 +341,9 @@ def main(argv=None):
             t_now = time.perf_counter()
             step_times.append(t_now - t_last)
             t_last = t_now
+            c_now = time.process_time()
+            cpu_times.append(c_now - c_last)
+            c_last = c_now
             if timed_start is not None:
                 timed_steps += 1
             losses.append(float(loss.detach()))
@@ -373,6 +378,10 @@ def main(argv=None):
                   f"(global batch {global_batch})", flush=True)
     if args.json:
         print("RESULT " + json.dumps({k: v for k, v in result.items() if k not in ("losses", "epochs")}), flush=True)
+    if args.step_times:  # every rank: wall and CPU time (time.process_time) per step
+        root, ext = os.path.splitext(args.step_times)
+        with open(f"{root}.rank{rank}{ext}", "w") as fh:
+            json.dump({"wall": step_times, "cpu": cpu_times}, fh)
     if rank == 0:
         for path, data in ((args.step_times, step_times), (args.result, result)):
             if path:

@@ -226,8 +226,8 @@ class Recorder:
                                  self.shard_dir if self.state == "active" else None, self.host, self.pid)
         if self.timer is None:
             self._check_timer()
-        if self.rank_info is None or not self.rank_info.final:
-            self._refresh_rank()
+        # the rank is re-detected by the writer thread before each flush,
+        # not here: nothing per step that is not needed per step
 
     # ------------------------------------------------------------- lifecycle
     def _activate(self) -> bool:

@@ -12,6 +12,8 @@ from .base import Instrument
 
 class CudaGraphInstrument(Instrument):
     name = "cudagraph"
+    #: its hooks run only where CUDA graphs are captured
+    cuda_only = True
 
     def _install(self) -> None:
         from torch.cuda import graphs
@@ -23,12 +25,18 @@ class CudaGraphInstrument(Instrument):
         self.patch(cls, "capture_end", self._wrap_end)
 
     def _wrap_begin(self, original):
-        rec = self.rec
+        inst, rec = self, self.rec
 
         @functools.wraps(original)
         def capture_begin(graph, *args, **kwargs):
             out = original(graph, *args, **kwargs)
-            rec.capture_begins()  # after: a capture that failed to start never counts
+            if inst.active:
+                try:
+                    inst.check_fault()
+                    rec.capture_begins()  # after: a capture that failed to start never counts
+                    graph._commprof_counted = True
+                except Exception as exc:
+                    inst.fail(exc)
             return out
 
         return capture_begin
@@ -41,6 +49,8 @@ class CudaGraphInstrument(Instrument):
             try:
                 return original(graph, *args, **kwargs)
             finally:
-                rec.capture_ends()
+                if getattr(graph, "_commprof_counted", False):
+                    graph._commprof_counted = False
+                    rec.capture_ends()
 
         return capture_end
