@@ -147,19 +147,24 @@ def read_meta(path: str) -> Tuple[int, Dict[str, Any], List[Dict[str, Any]]]:
 
 def read_file(path: str, columns: Optional[Sequence[str]] = None) -> Tuple[Any, Dict, List]:
     """(table conformed to the trace schema, run metadata, rank metadata)."""
-    import pyarrow as pa
-
     pf = _open(path)
     version, run, ranks = _meta(path, pf)
+    wanted = [c for c in columns if c in pf.schema_arrow.names] if columns else None
+    return _conformed(path, version, lambda: pf.read(columns=wanted)), run, ranks
+
+
+def _conformed(path: str, version: int, read):
+    """``read()`` conformed to the trace schema; errors name the file."""
+    import pyarrow as pa
+
     try:
-        table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names] if columns else None)
+        table = read()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
         raise TraceFormatError(f"{path}: truncated or corrupt Parquet ({first_line(exc)})") from exc
     try:
-        table = conform(table, version)
+        return conform(table, version)
     except TraceFormatError as exc:
         raise TraceFormatError(f"{path}: {exc}") from None
-    return table, run, ranks
 
 
 def iter_file_chunks(path: str, columns: Optional[Sequence[str]] = None,
@@ -169,8 +174,6 @@ def iter_file_chunks(path: str, columns: Optional[Sequence[str]] = None,
     schema. Chunks are planned from the row-group statistics; each is read
     in one multi-threaded call, the next one in the background while the
     caller works on the current one."""
-    import pyarrow as pa
-
     pf = _open(path)
     version, _run, _ranks = _meta(path, pf)
     names = pf.schema_arrow.names
@@ -192,14 +195,7 @@ def iter_file_chunks(path: str, columns: Optional[Sequence[str]] = None,
     plan = [p for p in plan if p]
 
     def read(groups):
-        try:
-            t = pf.read_row_groups(groups, columns=cols, use_threads=True)
-        except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-            raise TraceFormatError(f"{path}: truncated or corrupt Parquet ({first_line(exc)})") from exc
-        try:
-            t = conform(t, version)
-        except TraceFormatError as exc:
-            raise TraceFormatError(f"{path}: {exc}") from None
+        t = _conformed(path, version, lambda: pf.read_row_groups(groups, columns=cols, use_threads=True))
         return t.select([c for c in columns if c in t.column_names]) if columns else t
 
     from concurrent.futures import ThreadPoolExecutor

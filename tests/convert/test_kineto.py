@@ -155,3 +155,23 @@ def test_kernel_mode_file_without_distributed_info():
     del doc["distributedInfo"]
     with pytest.raises(Exception, match="no distributedInfo.rank"):
         convert(doc, "k.json")
+
+
+def test_driver_api_launches_are_joined_to_their_kernels():
+    """cuLaunchKernelEx (Kineto category cuda_driver: Triton, CUTLASS 3) is
+    joined like cudaLaunchKernel: the kernel gets the launching op, and the
+    step the launch fell in."""
+    from commprof.convert.kineto import convert
+
+    doc = {"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 0.0, "dur": 100.0, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::cudnn_convolution", "ts": 10.0, "dur": 20.0, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 12.0, "dur": 2.0, "pid": 1, "tid": 1,
+         "args": {"correlation": 77}},
+        {"ph": "X", "cat": "kernel", "name": "sm90_xmma_fprop_implicit_gemm", "ts": 40.0, "dur": 9.0, "pid": 0,
+         "tid": 7, "args": {"correlation": 77}},
+    ]}
+    rows, _meta = convert(doc, "t.json")
+    kern = [r for r in rows if r.category == "kernel"]
+    assert len(kern) == 1
+    assert kern[0].source == "aten::cudnn_convolution" and kern[0].name == "cudnn" and kern[0].step == 4
