@@ -98,6 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--format", choices=FORMATS, default="table")
     df.add_argument("--warmup", type=int, default=1)
 
+    bn = sub.add_parser("bench", help="collective micro-benchmark (nccl-tests table, alpha-beta model)",
+                        description="Time all_reduce, reduce_scatter, all_gather, broadcast and all_to_all "
+                                    "by message size on every rank of a torch.distributed job (gloo, NCCL); "
+                                    "print the nccl-tests table.")
+    bn.add_argument("--nproc", type=int, default=None, metavar="N", help="run N local ranks through torchrun")
+    bn.add_argument("--ops", default="all_reduce,reduce_scatter,all_gather,broadcast,all_to_all")
+    bn.add_argument("--min-bytes", type=_size, default=8, metavar="S")
+    bn.add_argument("--max-bytes", type=_size, default=0, metavar="S",
+                    help="largest message (default 64M on CPU, 4G on GPU); K/M/G suffixes")
+    bn.add_argument("--dtypes", default="float32", help="comma-separated torch dtypes")
+    bn.add_argument("--warmup", type=int, default=5)
+    bn.add_argument("--iters", type=int, default=20)
+    bn.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
+    bn.add_argument("--model", metavar="FILE", default=None, help="fit and write the alpha-beta model")
+    bn.add_argument("cmd", nargs=argparse.REMAINDER, help="-- LAUNCHER [ARGS...] (instead of --nproc)")
+
     imp = sub.add_parser("import", help="convert other profilers' traces into a commprof trace")
     isub = imp.add_subparsers(dest="format", parser_class=_Parser)
     kin = isub.add_parser("kineto", help="PyTorch-profiler (Kineto) JSON traces, one per rank",
@@ -107,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     kin.add_argument("-o", "--output", required=True, metavar="TRACE", help="output .parquet")
     kin.add_argument("--rank", type=int, default=None,
                      help="rank of a single trace without distributedInfo (single-GPU traces)")
+    nt = isub.add_parser("nccl-tests", help="nccl-tests logs (all_reduce_perf & co.) as benchmark results",
+                         description="Read nccl-tests' text output into commprof bench's JSON form "
+                                     "(and an alpha-beta model with --model).")
+    nt.add_argument("inputs", nargs="+", metavar="LOG")
+    nt.add_argument("-o", "--output", default=None, metavar="FILE", help="results JSON (default: print the table)")
+    nt.add_argument("--model", default=None, metavar="FILE", help="fit and write the alpha-beta model")
+    nt.add_argument("--op", default=None, help="the collective, when the log does not say")
     return p
 
 
@@ -128,6 +151,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_export(args)
         if args.command == "diff":
             return cmd_diff(args)
+        if args.command == "bench":
+            from .bench.launch import bench
+
+            return bench(args)
         raise UsageError(f"unknown command {args.command}")
     except UsageError as exc:
         return _fail(str(exc))
@@ -168,14 +195,48 @@ def cmd_record(args) -> int:
 
 
 def cmd_import(args) -> int:
+    if args.format == "nccl-tests":
+        return cmd_import_nccl_tests(args)
     if args.format != "kineto":
-        raise UsageError("commprof import: choose a format: kineto")
+        raise UsageError("commprof import: choose a format: kineto, nccl-tests")
     from .convert.kineto import import_kineto
 
     run = import_kineto(args.inputs, args.output, rank=args.rank)
     sys.stderr.write(f"commprof: imported {run.get('ranks_recorded')} rank(s), world size "
                      f"{run.get('world_size')} -> {args.output}\n")
     return 0
+
+
+def cmd_import_nccl_tests(args) -> int:
+    import json
+
+    from .bench.launch import model_of, model_table
+    from .convert.nccltests import import_logs, table
+    from .trace.files import atomic_write
+
+    docs = import_logs(args.inputs, op=args.op)
+    doc = {"backend": "nccl-tests", "world_size": docs[0].get("world_size"), "device": None,
+           "source": ", ".join(d["source"] for d in docs), "rows": [r for d in docs for r in d["rows"]]}
+    if args.output:
+        atomic_write(args.output, json.dumps(doc, indent=1))
+        sys.stderr.write(f"commprof: {len(doc['rows'])} size rows from {len(docs)} log(s) -> {args.output}\n")
+    else:
+        sys.stdout.write(table(doc))
+    if args.model:
+        model = model_of(doc)
+        atomic_write(args.model, json.dumps(model, indent=1))
+        sys.stdout.write(model_table(model))
+    return 0
+
+
+def _size(text: str) -> int:
+    """'64M' -> 67108864 (K, M, G: powers of 1024)."""
+    t = text.strip().upper().rstrip("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
+    except ValueError:
+        raise UsageError(f"not a size: {text!r} (e.g. 8, 64K, 64M, 4G)")
 
 
 def _ints(spec: str):

@@ -1,0 +1,106 @@
+"""``commprof bench``: run the worker on every rank, print the nccl-tests
+table, write the JSON results and (``--model``) the alpha-beta model."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional
+
+from ..errors import UsageError
+from ..trace.files import atomic_write
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_command(launcher: List[str], nproc: Optional[int], worker_args: List[str]) -> List[str]:
+    if nproc is not None:
+        if launcher:
+            raise UsageError("give either --nproc or a launcher after --, not both")
+        if nproc < 1:
+            raise UsageError("--nproc must be at least 1")
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                WORKER] + worker_args
+    if not launcher:
+        raise UsageError("commprof bench: give --nproc N or a launcher after -- (torchrun ..., srun ..., mpirun ...)")
+    exe = os.path.basename(launcher[0])
+    torchrun = exe == "torchrun" or "torch.distributed.run" in launcher
+    return launcher + ([WORKER] if torchrun else [sys.executable, WORKER]) + worker_args
+
+
+def model_of(doc: Dict[str, Any]) -> Dict[str, Any]:
+    """Alpha-beta pieces per collective and dtype from benchmark results."""
+    from ..analyzers.alphabeta import fit
+
+    groups: Dict[tuple, List[tuple]] = {}
+    for r in doc.get("rows", []):
+        m = r.get("out_of_place") or r.get("in_place")
+        if m and m.get("time_us"):
+            t_us = m.get("median_us") or m["time_us"]
+            groups.setdefault((r["op"], r["dtype"]), []).append((r["bytes"], t_us * 1e-6))
+    ops: Dict[str, Any] = {}
+    for (op, dtype), pts in groups.items():
+        if len(pts) < 2:
+            continue
+        sizes, times = zip(*pts)
+        ops.setdefault(op, {})[dtype] = fit(sizes, times)
+    return {"model": "alpha-beta (Hockney): T(S) = alpha + S / beta", "world_size": doc.get("world_size"),
+            "backend": doc.get("backend"), "device": doc.get("device"), "source": doc.get("source", "bench"),
+            "ops": ops}
+
+
+def model_table(model: Dict[str, Any]) -> str:
+    lines = ["# alpha-beta fit: T(S) = alpha + S / beta (least squares on relative residuals)",
+             "#  collective      type  from (B)    to (B)   alpha (us)  beta (GB/s)      R^2  max rel. residual"]
+    for op, by_dtype in model.get("ops", {}).items():
+        for dtype, pieces in by_dtype.items():
+            for p in pieces:
+                lines.append(f"  {op:>14} {dtype:>9} {int(p['min_bytes']):>9} {int(p['max_bytes']):>9} "
+                             f"{p['alpha_s'] * 1e6:12.2f} {p['beta_Bps'] / 1e9:12.3f} {p['r2']:8.4f} "
+                             f"{p['max_rel_residual']:18.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def bench(args) -> int:
+    from ..convert.nccltests import table
+
+    launcher = list(args.cmd)
+    if launcher and launcher[0] == "--":
+        launcher = launcher[1:]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        wargs = ["--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
+                 "--dtypes", args.dtypes, "--warmup", str(args.warmup), "--iters", str(args.iters), "--out", out]
+        cmd = worker_command(launcher, args.nproc, wargs)
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env.setdefault("COMMPROF_BENCH_PORT", str(_free_port()))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        try:
+            proc = subprocess.run(cmd, env=env)
+        except FileNotFoundError:
+            raise UsageError(f"command not found: {cmd[0]}")
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise UsageError(f"the benchmark failed (exit status {proc.returncode})")
+        with open(out) as fh:
+            doc = json.load(fh)
+    doc["source"] = "bench"
+    sys.stdout.write(table(doc))
+    if args.json:
+        atomic_write(args.json, json.dumps(doc, indent=1))
+    if args.model:
+        model = model_of(doc)
+        atomic_write(args.model, json.dumps(model, indent=1))
+        sys.stdout.write(model_table(model))
+    wrong = sum((r.get(m) or {}).get("wrong", 0) for r in doc["rows"] for m in ("out_of_place", "in_place"))
+    return 1 if wrong else 0

@@ -1,0 +1,238 @@
+"""The benchmark in one rank (run by ``commprof bench``; any launcher).
+
+For each collective and message size S (bytes, nccl-tests' S: the full
+array for reduce_scatter / all_gather / all_to_all), ``--warmup``
+untimed iterations, then ``--iters`` timed ones back to back (CUDA events
+on GPU, the host clock on CPU), out-of-place and in-place where
+torch.distributed has the variant; the time of one call is the mean over
+the timed iterations, the maximum over ranks (a collective is as slow as
+its slowest rank); on CPU each iteration is also timed alone and the
+median kept (``median_us``: what the alpha-beta model fits, robust to the
+scheduling outliers of a busy host). Then one more call on fresh inputs whose result is
+checked element by element: ``#wrong`` counts the elements that differ,
+summed over ranks, as nccl-tests counts them.
+
+Inputs are small integers (``(rank + 1) * (i % 7 + 1)``), so every sum is
+exact in every dtype used here and the check can be exact too."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
+DTYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double", "int32": "int32"}
+
+
+def _rank_world():
+    from commprof.record.ranks import from_env
+
+    info = from_env()
+    return info.rank, info.world_size, info.local_rank
+
+
+def _pattern(torch, n, rank, dtype, device):
+    i = torch.arange(n, device=device, dtype=torch.int64)
+    return ((rank + 1) * (i % 7 + 1)).to(dtype)
+
+
+def _sum_pattern(torch, n, world, dtype, device):
+    i = torch.arange(n, device=device, dtype=torch.int64)
+    return (world * (world + 1) // 2 * (i % 7 + 1)).to(dtype)
+
+
+class Case:
+    """One collective at one size: builds buffers, runs it, checks it."""
+
+    def __init__(self, torch, dist, op, nbytes, dtype, device, rank, world, in_place):
+        self.t, self.d, self.op = torch, dist, op
+        elt = torch.empty((), dtype=dtype).element_size()
+        self.world, self.rank, self.dtype, self.device = world, rank, dtype, device
+        count = max(1, nbytes // elt)
+        if op in ("reduce_scatter", "all_gather", "all_to_all"):
+            count = max(world, count // world * world)  # the full array, a multiple of n
+        self.count = count
+        self.nbytes = count * elt
+        self.in_place = in_place
+        self.reset()
+
+    def reset(self):
+        torch, n, w, r = self.t, self.count, self.world, self.rank
+        if self.op == "all_reduce":
+            self.buf = _pattern(torch, n, r, self.dtype, self.device)
+        elif self.op == "reduce_scatter":
+            self.inp = _pattern(torch, n, r, self.dtype, self.device)
+            self.out = self.inp[r * (n // w):(r + 1) * (n // w)] if self.in_place else \
+                torch.empty(n // w, dtype=self.dtype, device=self.device)
+        elif self.op == "all_gather":
+            self.out = torch.empty(n, dtype=self.dtype, device=self.device)
+            part = _pattern(torch, n // w, r, self.dtype, self.device)
+            if self.in_place:
+                self.out[r * (n // w):(r + 1) * (n // w)] = part
+                self.inp = self.out[r * (n // w):(r + 1) * (n // w)]
+            else:
+                self.inp = part
+        elif self.op == "broadcast":
+            self.buf = _pattern(torch, n, r, self.dtype, self.device)
+        elif self.op == "all_to_all":
+            self.inp = _pattern(torch, n, r, self.dtype, self.device)
+            self.out = torch.empty(n, dtype=self.dtype, device=self.device)
+
+    def run(self, async_op=False):
+        d = self.d
+        if self.op == "all_reduce":
+            return d.all_reduce(self.buf, async_op=async_op)
+        if self.op == "reduce_scatter":
+            return d.reduce_scatter_tensor(self.out, self.inp, async_op=async_op)
+        if self.op == "all_gather":
+            return d.all_gather_into_tensor(self.out, self.inp, async_op=async_op)
+        if self.op == "broadcast":
+            return d.broadcast(self.buf, src=0, async_op=async_op)
+        return d.all_to_all_single(self.out, self.inp, async_op=async_op)
+
+    def wrong(self) -> int:
+        """Elements that differ from the exact expected result (this rank)."""
+        torch, n, w, r = self.t, self.count, self.world, self.rank
+        if self.op == "all_reduce":
+            got, want = self.buf, _sum_pattern(torch, n, w, self.dtype, self.device)
+        elif self.op == "reduce_scatter":
+            got = self.out
+            want = _sum_pattern(torch, n, w, self.dtype, self.device)[r * (n // w):(r + 1) * (n // w)]
+        elif self.op == "all_gather":
+            got = self.out
+            want = torch.cat([_pattern(torch, n // w, k, self.dtype, self.device) for k in range(w)])
+        elif self.op == "broadcast":
+            got, want = self.buf, _pattern(torch, n, 0, self.dtype, self.device)
+        else:  # rank k's chunk r arrives as chunk k
+            got = self.out
+            chunk = n // w
+            want = torch.cat([_pattern(torch, n, k, self.dtype, self.device)[r * chunk:(r + 1) * chunk]
+                              for k in range(w)])
+        return int((got != want).sum().item())
+
+    @property
+    def has_in_place(self) -> bool:
+        return self.op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+    @property
+    def has_out_of_place(self) -> bool:
+        return self.op in ("reduce_scatter", "all_gather", "all_to_all")
+
+
+def sizes(lo: int, hi: int, factor: int = 2):
+    s = max(1, lo)
+    while s <= hi:
+        yield s
+        s *= factor
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="commprof bench worker (one rank)")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--min-bytes", type=int, default=8)
+    p.add_argument("--max-bytes", type=int, default=0, help="0: 64 MiB on CPU, 4 GiB on GPU")
+    p.add_argument("--dtypes", default="float32")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--out", required=True, help="rank 0 writes the results (JSON) here")
+    args = p.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    rank, world, local = _rank_world()
+    cuda = torch.cuda.is_available()
+    backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("COMMPROF_BENCH_PORT", "29531"))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    max_bytes = args.max_bytes or ((4 << 30) if device.type == "cuda" else (64 << 20))
+    results = []
+
+    def timed(case, iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            dist.barrier()
+            start.record()
+            for _ in range(iters):
+                case.run()
+            end.record()
+            end.synchronize()
+            sec = start.elapsed_time(end) / 1e3 / iters
+            med = sec
+        else:
+            dist.barrier()
+            each = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                case.run()
+                each.append(time.perf_counter() - t0)
+            sec = sum(each) / iters
+            med = sorted(each)[iters // 2]
+        t = torch.tensor([sec, med], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0].item()), float(t[1].item())
+
+    def checked(case):
+        case.reset()
+        case.run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        w = torch.tensor([case.wrong()], dtype=torch.int64, device=device)
+        dist.all_reduce(w)
+        return int(w.item())
+
+    for dname in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+        dtype = getattr(torch, dname)
+        for op in [o.strip() for o in args.ops.split(",") if o.strip()]:
+            if op not in OPS:
+                raise SystemExit(f"unknown op {op!r}; choose from {', '.join(OPS)}")
+            for nbytes in sizes(args.min_bytes, max_bytes):
+                row = {"op": op, "dtype": DTYPES.get(dname, dname), "redop": "sum" if op in ("all_reduce",
+                       "reduce_scatter") else "none", "root": 0 if op == "broadcast" else -1, "ranks": world}
+                for mode in ("out_of_place", "in_place"):
+                    case = Case(torch, dist, op, nbytes, dtype, device, rank, world, mode == "in_place")
+                    row["bytes"], row["count"] = case.nbytes, case.count
+                    if (mode == "in_place" and not case.has_in_place) or \
+                            (mode == "out_of_place" and not case.has_out_of_place):
+                        row[mode] = None
+                        continue
+                    for _ in range(args.warmup):
+                        case.run()
+                    sec, med = timed(case, args.iters)
+                    row[mode] = {"time_us": sec * 1e6, "median_us": med * 1e6, "wrong": checked(case)}
+                if results and results[-1]["op"] == op and results[-1]["bytes"] == row["bytes"] \
+                        and results[-1]["dtype"] == row["dtype"]:
+                    continue  # small sizes rounded up to the same count
+                results.append(row)
+    if rank == 0:
+        doc = {"backend": backend, "world_size": world, "device": torch.cuda.get_device_name(device)
+               if device.type == "cuda" else "cpu", "warmup": args.warmup, "iters": args.iters,
+               "hosts": None, "rows": results}
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, args.out)
+    # leave safely (torch 2.14 + gloo abort at exit otherwise, see the
+    # README's known issue): the last collective's tensor must be released
+    # by the worker threads before the group goes
+    dist.barrier()
+    last = torch.zeros(1, device=device)
+    dist.all_reduce(last)
+    deadline = time.monotonic() + 10
+    while last._use_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The alpha-beta fit recovers known parameters."""
+import numpy as np
+import pytest
+
+from commprof.analyzers.alphabeta import fit, fit_line, predict
+
+SIZES = [2 ** k for k in range(3, 28)]
+
+
+def test_recovers_alpha_and_beta_exactly():
+    alpha, beta = 25e-6, 12e9
+    t = [alpha + s / beta for s in SIZES]
+    (p,) = fit(SIZES, t)
+    assert p["alpha_s"] == pytest.approx(alpha, rel=1e-9) and p["beta_Bps"] == pytest.approx(beta, rel=1e-9)
+    assert p["r2"] == pytest.approx(1.0) and p["max_rel_residual"] < 1e-9
+
+
+def test_recovers_within_two_percent_under_noise():
+    rng = np.random.default_rng(3)
+    alpha, beta = 40e-6, 2.5e9
+    t = [(alpha + s / beta) * (1 + rng.normal(0, 0.01)) for s in SIZES]
+    p = fit_line(SIZES, t)
+    assert p["alpha_s"] == pytest.approx(alpha, rel=0.02) and p["beta_Bps"] == pytest.approx(beta, rel=0.02)
+
+
+def test_two_protocols_are_split_at_the_switch():
+    # latency-bound protocol below 64 KiB, bandwidth-bound above
+    t = [(5e-6 + s / 1e9) if s < 65536 else (60e-6 + s / 20e9) for s in SIZES]
+    pieces = fit(SIZES, t)
+    assert len(pieces) == 2
+    lo, hi = pieces
+    assert lo["max_bytes"] < 65536 <= hi["min_bytes"]
+    assert hi["beta_Bps"] == pytest.approx(20e9, rel=1e-6) and lo["alpha_s"] == pytest.approx(5e-6, rel=1e-6)
+    assert predict(pieces, 1 << 26) == pytest.approx(60e-6 + (1 << 26) / 20e9, rel=1e-9)
+    assert predict(pieces, 1024) == pytest.approx(5e-6 + 1024 / 1e9, rel=1e-9)
+
+
+def test_needs_two_sizes():
+    with pytest.raises(ValueError):
+        fit_line([8], [1e-5])
