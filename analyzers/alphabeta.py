@@ -3,7 +3,8 @@
 Fitted per collective (and group size) to (S, t) pairs by least squares on
 *relative* residuals (times span microseconds to seconds; every size should
 count alike): minimise sum(((alpha + S/beta) - t) / t)^2, a linear least
-squares problem in (alpha, 1/beta). When one line does not describe the
+squares problem in (alpha, 1/beta), kept in the physical range
+(alpha >= 0, beta > 0). When one line does not describe the
 data (largest relative residual above ``split_above``), the fit is split at
 the size that minimises the two pieces' summed squared residuals — the
 switch between a latency-bound and a bandwidth-bound protocol (NCCL's LL /
@@ -27,6 +28,15 @@ def fit_line(sizes: Sequence[float], times: Sequence[float]) -> Dict[str, float]
     a = np.stack([np.ones_like(s), s], axis=1) / t[:, None]
     coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
     alpha, inv_beta = float(coef[0]), float(coef[1])
+    # both parameters are physical (alpha >= 0, beta > 0): on noisy data the
+    # unconstrained optimum can leave that range; then the best fit has the
+    # offending parameter at its bound
+    if alpha < 0:
+        x = s / t
+        alpha, inv_beta = 0.0, float(x.sum() / (x * x).sum())
+    elif inv_beta < 0:
+        x = 1.0 / t
+        alpha, inv_beta = float(x.sum() / (x * x).sum()), 0.0
     pred = alpha + inv_beta * s
     rel = np.abs(pred - t) / t
     ss_res = float(((pred - t) ** 2).sum())

@@ -87,8 +87,9 @@ class Case:
             return d.all_reduce(self.buf, async_op=async_op)
         if self.op == "reduce_scatter":
             return d.reduce_scatter_tensor(self.out, self.inp, async_op=async_op)
-        if self.op == "all_gather":
-            return d.all_gather_into_tensor(self.out, self.inp, async_op=async_op)
+        if self.op == "all_gather":  # all_gather_single: torch 2.14's name, the old one deprecated
+            gather = getattr(d, "all_gather_single", None) or d.all_gather_into_tensor
+            return gather(self.out, self.inp, async_op=async_op)
         if self.op == "broadcast":
             return d.broadcast(self.buf, src=0, async_op=async_op)
         return d.all_to_all_single(self.out, self.inp, async_op=async_op)

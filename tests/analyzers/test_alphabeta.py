@@ -38,3 +38,13 @@ def test_two_protocols_are_split_at_the_switch():
 def test_needs_two_sizes():
     with pytest.raises(ValueError):
         fit_line([8], [1e-5])
+
+
+def test_parameters_stay_physical_on_noisy_data():
+    # a negative intercept is what the unconstrained line through these points wants
+    sizes = [1e3, 1e6, 1e7]
+    t = [1e-6, 1.2e-3, 9e-3]
+    p = fit_line(sizes, t)
+    assert p["alpha_s"] >= 0 and p["beta_Bps"] > 0
+    flat = fit_line([8, 16, 32, 64], [10e-6, 9e-6, 10e-6, 9.5e-6])  # latency only
+    assert flat["alpha_s"] > 0 and flat["beta_Bps"] > 0
