@@ -79,6 +79,7 @@ class JournalWriter:
     def __init__(self, shard_dir: str, host: str, pid: int):
         self.path, self.meta_path = journal_paths(shard_dir, host, pid)
         self._fd: Optional[int] = None
+        self._closed = False
         self._ids: Dict[str, int] = {}
         self.events = 0
 
@@ -87,12 +88,12 @@ class JournalWriter:
         return self._fd is not None
 
     def open(self) -> None:
-        if self._fd is None:
+        if self._fd is None and not self._closed:  # never re-created (truncated) once closed
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             os.write(self._fd, MAGIC)
 
     def append(self, rows: List[tuple]) -> None:
-        if not rows:
+        if not rows or self._closed:
             return
         self.open()
         ids = self._ids
@@ -139,6 +140,7 @@ class JournalWriter:
         atomic_write(self.meta_path, json.dumps(meta, default=str))
 
     def close(self) -> None:
+        self._closed = True
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
