@@ -9,7 +9,7 @@ import atexit
 import os
 import signal
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 from . import importhook as _importhook
 from .config import Config

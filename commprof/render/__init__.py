@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Dict, List, Optional, Type
 
 from ..trace.files import atomic_write
-from .base import Renderer, cells, fmt  # noqa: F401  (the base, for renderers elsewhere)
+from .base import Renderer, cells, fmt
 from .csvtables import CsvRenderer
 from .html import HtmlRenderer
 from .jsonfile import JsonRenderer
@@ -27,6 +27,8 @@ RENDERERS: Dict[str, Type[Renderer]] = {cls.name: cls for cls in
                                          HtmlRenderer)}
 #: the ``--format`` choices
 FORMATS = tuple(RENDERERS)
+
+__all__ = ["Renderer", "cells", "fmt", "RENDERERS", "FORMATS", "get", "format_for_path", "write_all"]
 
 
 def get(name: str) -> Renderer:

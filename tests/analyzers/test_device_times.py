@@ -78,7 +78,6 @@ def test_per_step_mixes_device_and_host_rows(tmp_path):
     rows = gpu_rank(0, 1, 4)
     # one forward without device times (e.g. recorded before CUDA was up) keeps its host interval
     rows[1] = rows[1]._replace(dev_start=None, dev_end=None)
-    import pyarrow as pa  # noqa: F401
     from commprof.trace.schema import rows_to_table
 
     ps = breakdown.per_step(rows_to_table(rows, 0))

@@ -1,11 +1,8 @@
 """Side files of a shard folder (kernel mode's Kineto windows): merged onto
 the rank without counting collectives twice; a torn one costs its kernels,
 never the rank."""
-import gzip
 import os
 import shutil
-
-import pytest
 
 from commprof import assemble
 from commprof.trace import journal, parquet, schema

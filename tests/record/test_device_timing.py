@@ -4,7 +4,6 @@ events (host-clock events that complete a fixed lag after they are
 recorded, elapsed times rounded to float32 ms as CUDA reports them)."""
 import gc
 import os
-import sys
 import time
 import weakref
 

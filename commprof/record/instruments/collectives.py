@@ -10,7 +10,6 @@ allreduce, object collectives) are not recorded twice."""
 from __future__ import annotations
 
 import functools
-import threading
 
 from .base import Instrument, tensor_bytes
 from ..log import log_once
