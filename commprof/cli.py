@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--dtypes", default="float32", help="comma-separated torch dtypes")
     bn.add_argument("--warmup", type=int, default=5)
     bn.add_argument("--iters", type=int, default=20)
+    bn.add_argument("--overlap", action="store_true",
+                    help="also measure a non-blocking all_reduce overlapped with compute (OSU-style)")
+    bn.add_argument("--pipeline", action="store_true",
+                    help="also split the largest all_reduces into k = 1..64 async chunks")
     bn.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
     bn.add_argument("--model", metavar="FILE", default=None, help="fit and write the alpha-beta model")
     bn.add_argument("cmd", nargs=argparse.REMAINDER, help="-- LAUNCHER [ARGS...] (instead of --nproc)")

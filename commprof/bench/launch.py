@@ -70,6 +70,26 @@ def model_table(model: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def extras_table(doc: Dict[str, Any]) -> str:
+    """The non-blocking overlap and pipelined all_reduce results."""
+    lines = []
+    if doc.get("overlap"):
+        lines += ["# non-blocking all_reduce overlapped with compute (OSU: overlap = 1 - (total - compute) / comm)",
+                  "#       size    comm (us)  compute (us)  non-blocking total (us)  overlap %"]
+        for r in doc["overlap"]:
+            lines.append(f"{r['bytes']:12d} {r['comm_us']:12.1f} {r['compute_us']:13.1f} "
+                         f"{r['nonblocking_total_us']:24.1f} {r['overlap_pct']:10.1f}")
+    if doc.get("pipeline"):
+        ks = sorted({int(k) for r in doc["pipeline"] for k in r["time_us_by_k"]})
+        lines += ["# all_reduce of S pipelined in k async chunks: time (us) per k",
+                  "#       size " + "".join(f"{'k=' + str(k):>11}" for k in ks) + "   best k  gain %"]
+        for r in doc["pipeline"]:
+            t = {int(k): v for k, v in r["time_us_by_k"].items()}
+            lines.append(f"{r['bytes']:12d} " + "".join(f"{t.get(k, float('nan')):11.1f}" for k in ks)
+                         + f"   {r['best_k']:6d}  {r['gain_pct']:6.1f}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def bench(args) -> int:
     from ..convert.nccltests import table
 
@@ -80,6 +100,8 @@ def bench(args) -> int:
         out = os.path.join(tmp, "bench.json")
         wargs = ["--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                  "--dtypes", args.dtypes, "--warmup", str(args.warmup), "--iters", str(args.iters), "--out", out]
+        wargs += ["--overlap"] if args.overlap else []
+        wargs += ["--pipeline"] if args.pipeline else []
         cmd = worker_command(launcher, args.nproc, wargs)
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -96,6 +118,7 @@ def bench(args) -> int:
             doc = json.load(fh)
     doc["source"] = "bench"
     sys.stdout.write(table(doc))
+    sys.stdout.write(extras_table(doc))
     if args.json:
         atomic_write(args.json, json.dumps(doc, indent=1))
     if args.model:

@@ -123,6 +123,102 @@ class Case:
         return self.op in ("reduce_scatter", "all_gather", "all_to_all")
 
 
+def _clock(torch, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _max_over_ranks(torch, dist, device, values):
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [float(v) for v in t.tolist()]
+
+
+def _compute_for(torch, device, seconds: float):
+    """A compute kernel (matmuls) calibrated to take about ``seconds``."""
+    n = 256
+    a = torch.randn(n, n, device=device)
+
+    def work(reps):
+        x = a
+        for _ in range(reps):
+            x = torch.mm(x, a).clamp_(-1, 1)
+        return x
+
+    t0 = _clock(torch, device)
+    work(4)
+    per = max((_clock(torch, device) - t0) / 4, 1e-7)
+    reps = max(1, int(round(seconds / per)))
+    return lambda: work(reps)
+
+
+def _overlap(torch, dist, device, rank, world, args, max_bytes):
+    """Per size (1 KiB .. max, x4): the blocking all_reduce alone (t_comm),
+    compute alone (t_cpu, calibrated to about t_comm), and the non-blocking
+    all_reduce started before the compute and waited for after it
+    (t_total); overlap % = 100 * (1 - (t_total - t_cpu) / t_comm), clipped to
+    0..100 (OSU's non-blocking collective benchmarks' definition)."""
+    out = []
+    for nbytes in sizes(1024, max_bytes, 4):
+        buf = torch.ones(max(1, nbytes // 4), device=device)
+        reps = max(3, args.iters // 2)
+        for _ in range(args.warmup):
+            dist.all_reduce(buf)
+        dist.barrier()
+        t0 = _clock(torch, device)
+        for _ in range(reps):
+            dist.all_reduce(buf)
+        t_comm = (_clock(torch, device) - t0) / reps
+        (t_comm,) = _max_over_ranks(torch, dist, device, [t_comm])
+        compute = _compute_for(torch, device, t_comm)
+        dist.barrier()
+        t0 = _clock(torch, device)
+        for _ in range(reps):
+            compute()
+        t_cpu = (_clock(torch, device) - t0) / reps
+        dist.barrier()
+        t0 = _clock(torch, device)
+        for _ in range(reps):
+            work = dist.all_reduce(buf, async_op=True)
+            compute()
+            work.wait()
+        t_total = (_clock(torch, device) - t0) / reps
+        t_cpu, t_total = _max_over_ranks(torch, dist, device, [t_cpu, t_total])
+        ov = 100.0 * (1.0 - (t_total - t_cpu) / t_comm) if t_comm > 0 else float("nan")
+        out.append({"bytes": buf.numel() * 4, "comm_us": t_comm * 1e6, "compute_us": t_cpu * 1e6,
+                    "nonblocking_total_us": t_total * 1e6, "overlap_pct": min(100.0, max(0.0, ov))})
+    return out
+
+
+def _pipeline(torch, dist, device, rank, world, args, max_bytes):
+    """Per large size (the top three of the sweep): one all_reduce of S
+    split into k chunks issued asynchronously back to back, then all waited
+    for, k = 1, 2, 4, ... 64; time per k and the best k."""
+    out = []
+    top = [s for s in sizes(8, max_bytes)][-3:]
+    for nbytes in top:
+        buf = torch.ones(max(64, nbytes // 4), device=device)
+        times = {}
+        for k in (1, 2, 4, 8, 16, 32, 64):
+            chunks = list(buf.chunk(k))
+            reps = max(3, args.iters // 4)
+            for _ in range(max(1, args.warmup // 2)):
+                for w in [dist.all_reduce(c, async_op=True) for c in chunks]:
+                    w.wait()
+            dist.barrier()
+            t0 = _clock(torch, device)
+            for _ in range(reps):
+                for w in [dist.all_reduce(c, async_op=True) for c in chunks]:
+                    w.wait()
+            (t,) = _max_over_ranks(torch, dist, device, [(_clock(torch, device) - t0) / reps])
+            times[k] = t * 1e6
+        best = min(times, key=times.get)
+        out.append({"bytes": buf.numel() * 4, "time_us_by_k": times, "best_k": best,
+                    "gain_pct": 100.0 * (1 - times[best] / times[1])})
+    return out
+
+
 def sizes(lo: int, hi: int, factor: int = 2):
     s = max(1, lo)
     while s <= hi:
@@ -140,6 +236,10 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--backend", default="auto")
     p.add_argument("--out", required=True, help="rank 0 writes the results (JSON) here")
+    p.add_argument("--overlap", action="store_true",
+                   help="also: blocking vs non-blocking all_reduce overlapped with compute (OSU-style)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="also: the largest all_reduces split into k = 1, 2, 4 ... 64 async chunks")
     args = p.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -213,8 +313,10 @@ def main(argv=None) -> int:
                         and results[-1]["dtype"] == row["dtype"]:
                     continue  # small sizes rounded up to the same count
                 results.append(row)
+    overlap = _overlap(torch, dist, device, rank, world, args, max_bytes) if args.overlap else []
+    pipeline = _pipeline(torch, dist, device, rank, world, args, max_bytes) if args.pipeline else []
     if rank == 0:
-        doc = {"backend": backend, "world_size": world, "device": torch.cuda.get_device_name(device)
+        doc = {"overlap": overlap, "pipeline": pipeline,"backend": backend, "world_size": world, "device": torch.cuda.get_device_name(device)
                if device.type == "cuda" else "cpu", "warmup": args.warmup, "iters": args.iters,
                "hosts": None, "rows": results}
         tmp = args.out + ".tmp"

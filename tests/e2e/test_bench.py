@@ -41,3 +41,22 @@ def test_bad_bench_input_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "--nproc" in proc.stderr
     proc = run(commprof_cmd("bench", "--nproc", "2", "--max-bytes", "lots"))
     assert proc.returncode == 2 and "not a size" in proc.stderr
+
+
+def test_overlap_and_pipelining_modes(tmp_path):
+    out = tmp_path / "b.json"
+    proc = run(commprof_cmd("bench", "--nproc", "2", "--ops", "all_reduce", "--max-bytes", "1M", "--iters", "4",
+                            "--warmup", "1", "--overlap", "--pipeline", "--json", str(out)), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    ov = doc["overlap"]
+    assert [r["bytes"] for r in ov] == [1024, 4096, 16384, 65536, 262144, 1048576]
+    for r in ov:
+        assert r["comm_us"] > 0 and r["compute_us"] > 0 and r["nonblocking_total_us"] > 0
+        assert 0.0 <= r["overlap_pct"] <= 100.0
+    pipe = doc["pipeline"]
+    assert [r["bytes"] for r in pipe] == [262144, 524288, 1048576]
+    for r in pipe:
+        assert set(map(int, r["time_us_by_k"])) == {1, 2, 4, 8, 16, 32, 64}
+        assert r["best_k"] in (1, 2, 4, 8, 16, 32, 64) and r["gain_pct"] >= 0
+    assert "overlap %" in proc.stdout and "best k" in proc.stdout
