@@ -97,10 +97,6 @@ class Recorder:
         """Index of the current optimizer step (events are stamped with it)."""
         return self.clock.step
 
-    @property
-    def events(self) -> int:
-        return self.flusher.events if self.flusher is not None else 0
-
     # --------------------------------------------------------------- emission
     def emit(self, row: Event) -> None:
         if self.state != "active":

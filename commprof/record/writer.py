@@ -28,10 +28,6 @@ class Flusher:
         self._thread: Optional[threading.Thread] = None
         self._meta_written: Optional[str] = None
 
-    @property
-    def events(self) -> int:
-        return self.journal.events
-
     def start(self) -> None:
         """Create the journal and its metadata now (a rank killed in its
         first steps still leaves both), then flush every ``interval``."""

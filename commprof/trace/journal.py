@@ -54,7 +54,6 @@ ROW = struct.Struct("<iBIIIqqqqqIIiqbqdB")
 _NULLABLE = ("dev_start", "dev_end", "bytes", "group_size", "seq", "blocking", "items", "value")
 _IDX = {name: i for i, name in enumerate(schema.EVENT_COLUMNS)}
 _NULL_IDX = tuple(_IDX[n] for n in _NULLABLE)
-_I = _IDX
 
 
 def journal_paths(shard_dir: str, host: str, pid: int) -> Tuple[str, str]:
