@@ -156,6 +156,31 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
     return pd.DataFrame(rows, columns=["config", "gpus", "bound", "finding", "evidence", "advice"])
 
 
+def node_findings(node_tables: Dict[tuple, pd.DataFrame], mismatches: Dict[tuple, pd.DataFrame],
+                  breakdown: pd.DataFrame) -> pd.DataFrame:
+    """A slow node (named as the host it is) and collectives the ranks disagree on."""
+    from .nodes import slow_host
+
+    rows = []
+    for (config, gpus), t in node_tables.items():
+        slow = slow_host(t)
+        if slow is not None:
+            rows.append({"config": config, "gpus": int(gpus), "bound": "node",
+                         "finding": f"slow node: {slow['host']} (ranks {slow['ranks']})",
+                         "evidence": slow["evidence"],
+                         "advice": "check that node: its GPUs and CPUs (throttling, other jobs), its data path, "
+                                   "its network link; exclude it from the allocation to confirm"})
+    for (config, gpus), t in mismatches.items():
+        first = t.iloc[0]
+        rows.append({"config": config, "gpus": int(gpus), "bound": "correctness",
+                     "finding": f"collective mismatch: {first['kind']} at {first['group']} #{first['seq']}",
+                     "evidence": f"{first['op']}: {first['detail']}; {len(t)} such instance(s)",
+                     "advice": "the ranks' collective sequences diverged (a rank skipped or added a collective, "
+                               "or shapes differ by rank): such jobs hang or reduce the wrong tensors; "
+                               "make every rank issue the same collectives in the same order"})
+    return pd.DataFrame(rows, columns=["config", "gpus", "bound", "finding", "evidence", "advice"])
+
+
 def trends(breakdown: pd.DataFrame) -> List[dict]:
     out = []
     for config, g in breakdown.groupby("config"):

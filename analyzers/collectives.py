@@ -123,7 +123,8 @@ def _groups(key: np.ndarray):
         yield key[part[0]], part
 
 
-_INST_FIELDS = ("key", "op", "min_start", "max_start", "sum_end", "n", "bytes", "last_rank")
+_INST_FIELDS = ("key", "op", "min_start", "max_start", "sum_end", "n", "bytes", "last_rank",
+                "op_max", "min_bytes", "min_bytes_rank", "max_bytes_rank", "gsize")
 _SEQ_BITS = 40
 
 
@@ -145,15 +146,31 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     which = np.searchsorted(first, hit, side="right") - 1
     at = np.zeros(len(first), np.int64)
     at[which] = hit                               # later hits overwrite earlier ones
+    # ranks holding the smallest / largest message (mismatch diagnosis)
+    by = a["bytes"][order]
+    mnb = a["min_bytes"][order]
+    top_b = np.fmax.reduceat(by, first)
+    low_b = np.fmin.reduceat(mnb, first)
+    at_max = np.zeros(len(first), np.int64)
+    h = np.flatnonzero(by == np.repeat(top_b, sizes))
+    at_max[np.searchsorted(first, h, side="right") - 1] = h
+    at_min = np.zeros(len(first), np.int64)
+    h = np.flatnonzero(mnb == np.repeat(low_b, sizes))
+    at_min[np.searchsorted(first, h, side="right") - 1] = h
     return {
         "key": key[first],
-        "op": a["op"][order[first]],
+        "op": np.minimum.reduceat(a["op"][order], first),
         "min_start": np.minimum.reduceat(a["min_start"][order], first),
         "max_start": top,
         "sum_end": np.add.reduceat(a["sum_end"][order], first),
         "n": np.add.reduceat(a["n"][order], first),
-        "bytes": np.fmax.reduceat(a["bytes"][order], first),
+        "bytes": top_b,
         "last_rank": a["last_rank"][order[at]],
+        "op_max": np.maximum.reduceat(a["op_max"][order], first),
+        "min_bytes": low_b,
+        "min_bytes_rank": a["min_bytes_rank"][order[at_min]],
+        "max_bytes_rank": a["max_bytes_rank"][order[at_max]],
+        "gsize": np.fmax.reduceat(a["gsize"][order], first),
     }
 
 
@@ -227,7 +244,7 @@ class CollectiveStats:
             ok = (seq >= 0) & (seq < (1 << _SEQ_BITS)) & (gid >= 0)
             if ok.any():
                 self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], (t0 + off)[ok], (t1 + off)[ok],
-                                    nbytes[ok])
+                                    nbytes[ok], gsize[ok])
 
     def add_calls(self, c: pd.DataFrame) -> None:
         """Fold a per_call frame into the per (op, source, size bucket) sketches."""
@@ -249,7 +266,7 @@ class CollectiveStats:
         if len(gsize) and not np.isnan(gsize).all():
             acc["group_size"] = max(acc["group_size"], int(np.nanmax(gsize)))
 
-    def _add_instances(self, gid, seq, oid, rank, ts, te, nbytes) -> None:
+    def _add_instances(self, gid, seq, oid, rank, ts, te, nbytes, gsize) -> None:
         self._inst_cache = None
         # float sums are kept relative to the first issue time seen (exact enough)
         if self._t_ref is None:
@@ -257,7 +274,8 @@ class CollectiveStats:
         part = _reduce_instances({
             "key": (gid << _SEQ_BITS) | seq, "op": oid, "min_start": ts, "max_start": ts,
             "sum_end": (te - self._t_ref).astype(np.float64), "n": np.ones(len(ts), np.int64), "bytes": nbytes,
-            "last_rank": rank})
+            "last_rank": rank, "op_max": oid, "min_bytes": nbytes, "min_bytes_rank": rank, "max_bytes_rank": rank,
+            "gsize": gsize})
         self._pending.append(part)
         self._pending_rows += len(part["key"])
         acc_rows = len(self._acc["key"]) if self._acc is not None else 0
@@ -295,7 +313,9 @@ class CollectiveStats:
         self._inst_cache = pd.DataFrame({
             "group": groups[a["key"] >> _SEQ_BITS], "seq": a["key"] & ((1 << _SEQ_BITS) - 1),
             "op": ops[a["op"]], "min_start": a["min_start"], "max_start": a["max_start"],
-            "sum_end": a["sum_end"], "n": a["n"], "bytes": a["bytes"], "last_rank": a["last_rank"]})
+            "sum_end": a["sum_end"], "n": a["n"], "bytes": a["bytes"], "last_rank": a["last_rank"],
+            "op_max": ops[a["op_max"]], "min_bytes": a["min_bytes"], "min_bytes_rank": a["min_bytes_rank"],
+            "max_bytes_rank": a["max_bytes_rank"], "gsize": a["gsize"]})
         return self._inst_cache
 
     # -- results ---------------------------------------------------------------
@@ -331,6 +351,43 @@ class CollectiveStats:
             "transfer_ms": (i["sum_end"] / i["n"] - (i["max_start"] - self._t_ref)) / 1e6,
             "last_rank": i["last_rank"], "bytes": i["bytes"],
         }).reset_index(drop=True)
+
+    def mismatches(self, limit: int = 20) -> pd.DataFrame:
+        """Collective instances whose ranks disagree (same group and sequence
+        number, different op or message size), and instances missing on
+        some ranks of the group while later instances of the group are
+        complete (so not the trace's ragged end). The first ``limit``
+        of each kind, earliest first: the first one is where the ranks'
+        sequences diverged."""
+        cols = ["group", "seq", "kind", "op", "detail", "ranks_seen", "group_size"]
+        inst = self._inst
+        if inst is None:
+            return pd.DataFrame(columns=cols)
+        rows = []
+        bad = inst[(inst["op"] != inst["op_max"]) | ((inst["min_bytes"] != inst["bytes"]) & inst["bytes"].notna())]
+        for _, i in bad.sort_values(["group", "seq"]).head(limit).iterrows():
+            if i["op"] != i["op_max"]:
+                detail = f"ops differ across ranks ({i['op']} vs {i['op_max']})"
+                kind = "op mismatch"
+            else:
+                detail = (f"{int(i['min_bytes']):,} B on rank {int(i['min_bytes_rank'])} vs "
+                          f"{int(i['bytes']):,} B on rank {int(i['max_bytes_rank'])}")
+                kind = "size mismatch"
+            rows.append({"group": i["group"], "seq": int(i["seq"]), "kind": kind,
+                         "op": i["op"] if i["op"] == i["op_max"] else f"{i['op']}/{i['op_max']}",
+                         "detail": detail, "ranks_seen": int(i["n"]),
+                         "group_size": int(i["gsize"]) if i["gsize"] == i["gsize"] else -1})
+        # missing: fewer ranks than the group has, before the group's last complete instance
+        full = inst[inst["n"] >= inst["gsize"]]
+        last_full = {str(k): int(v) for k, v in full.groupby("group")["seq"].max().items()}
+        part = inst[(inst["n"] < inst["gsize"]) & (inst["gsize"] > 1)]
+        bound = np.array([last_full.get(str(g), -1) for g in part["group"]], np.int64)
+        part = part[part["seq"].to_numpy(np.int64) < bound]
+        for _, i in part.sort_values(["group", "seq"]).head(limit).iterrows():
+            rows.append({"group": i["group"], "seq": int(i["seq"]), "kind": "missing on some ranks",
+                         "op": i["op"], "detail": f"seen on {int(i['n'])} of {int(i['gsize'])} ranks",
+                         "ranks_seen": int(i["n"]), "group_size": int(i["gsize"])})
+        return pd.DataFrame(rows, columns=cols)
 
     def skew_table(self) -> pd.DataFrame:
         """Per op: instances, skew mean / p95, transfer mean, and the share of

@@ -69,6 +69,28 @@ STRAGGLER_COLUMNS = [
     ("late_pct", "late in %", ".0f"), ("excess_ms", "excess ms", ".2f"), ("value_ms", "rank ms", ".2f"),
     ("median_ms", "median ms", ".2f"),
 ]
+NODE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("host", "host", ""), ("ranks", "ranks", ""),
+    ("step_ms", "step ms", ".2f"), ("work_ms", "work ms", ".2f"), ("comm_pct", "comm %", ".1f"),
+    ("data_pct", "data %", ".1f"), ("compute_pct", "compute %", ".1f"), ("lateness_ms", "late ms", ".2f"),
+    ("last_pct", "last in %", ".0f"), ("inter_busbw_GBps", "inter-node busbw GB/s", ".3f"),
+]
+SCOPE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("op", "collective", ""), ("scope", "scope", ""),
+    ("calls", "calls", "d"), ("bytes_per_call", "bytes/call", ",.0f"), ("lat_ms_p50", "lat ms p50", ".3f"),
+    ("busbw_GBps", "busbw GB/s", ".3f"),
+]
+CLOCK_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("host", "host", ""), ("ranks", "ranks", ""),
+    ("offset_ms", "offset ms", ",.3f"), ("wall_guess_ms", "wall-clock guess ms", ",.3f"),
+    ("correction_ms", "correction ms", "+.3f"), ("uncertainty_ms", "± ms", ".3f"),
+    ("feasible_lo_ms", "causal from ms", ",.3f"), ("feasible_hi_ms", "causal to ms", ",.3f"),
+    ("instances", "instances", "d"), ("violations", "violations", "d"), ("method", "method", ""),
+]
+MISMATCH_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("group", "group", ""), ("seq", "seq", "d"),
+    ("kind", "kind", ""), ("op", "collective", ""), ("detail", "detail", ""),
+]
 FINDING_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("finding", "finding", ""),
     ("evidence", "evidence", ""), ("advice", "what to try", ""),
@@ -116,6 +138,16 @@ def build_report(runs, warmup: int = 1):
     skews = scaling.skew_tables(runs)
     strag = scaling.straggler_tables(runs)
     finds = bottleneck.findings(table, colls, skews, strag)
+    clock_t = scaling.run_tables(runs, "clocks")
+    node_t = scaling.run_tables(runs, "nodes")
+    scope_t = scaling.run_tables(runs, "scope")
+    mism = {}
+    for key, members in scaling._groups(runs).items():
+        ms = [m.colls.mismatches() for m in members]
+        ms = [t for t in ms if len(t)]
+        if ms:
+            mism[key] = pd.concat(ms, ignore_index=True)
+    finds = pd.concat([finds, bottleneck.node_findings(node_t, mism, table)], ignore_index=True)
     notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
     for r in runs:
         if r.meta.get("salvaged_ranks"):
@@ -162,6 +194,16 @@ def build_report(runs, warmup: int = 1):
     tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
                            scaling.stack(skews), SKEW_COLUMNS)
     tables["stragglers"] = Table("Stragglers (persistently late ranks)", scaling.stack(strag), STRAGGLER_COLUMNS)
+    if node_t:
+        tables["nodes"] = Table("Per node (host)", scaling.stack(node_t), NODE_COLUMNS)
+    if scope_t:
+        tables["scope"] = Table("Collectives within a node vs across nodes", scaling.stack(scope_t), SCOPE_COLUMNS)
+    if clock_t:
+        tables["clocks"] = Table("Clock alignment per host (from the collectives; offsets added to each host's "
+                                 "monotonic clock)", scaling.stack(clock_t), CLOCK_COLUMNS)
+    if mism:
+        tables["mismatches"] = Table("Collectives the ranks disagree on (same group and sequence number)",
+                                     scaling.stack(mism), MISMATCH_COLUMNS)
     tables["bottlenecks"] = Table("Bottlenecks and what to try", finds, FINDING_COLUMNS, style="list")
     report = Report(title="commprof report", tables=tables, notes=notes, runs=[r.meta for r in runs])
     report.extras["timelines"] = {f"{r.label} @ {r.world_size} GPUs": r.timeline for r in runs}

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import breakdown, kernels, stragglers, throughput
+from . import breakdown, clocks, kernels, nodes, stragglers, throughput
 from .collectives import CollectiveStats
 from ..trace.metadata import batch_size as infer_batch_size
 from ..trace.schema import CAT
@@ -51,6 +51,11 @@ class RunAnalysis:
     phases: pd.DataFrame = field(default_factory=pd.DataFrame)          # Horovod timeline phases
     kernel_shares: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank
     gpu_breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank (HTA definitions)
+    clocks: pd.DataFrame = field(default_factory=pd.DataFrame)          # per host: clock alignment
+    offsets: Dict[int, int] = field(default_factory=dict)               # per rank: ns added to its times
+    hosts: Dict[int, str] = field(default_factory=dict)                 # per rank: host name
+    nodes: pd.DataFrame = field(default_factory=pd.DataFrame)           # per host (multi-host runs)
+    scope: pd.DataFrame = field(default_factory=pd.DataFrame)           # collectives intra / inter node
 
     @property
     def n_steps(self) -> int:
@@ -74,29 +79,12 @@ def config_label(meta: dict, group_by: Optional[Sequence[str]] = None) -> str:
     return " / ".join(parts) if parts else "run"
 
 
-def clock_offsets(rank_metas: List[dict]) -> Dict[int, int]:
-    """Per rank, ns to add to its monotonic times to put all hosts on one
-    clock (wall-clock offset); zero when all ranks share one boot (one host)."""
-    boots = {(m.get("clock") or {}).get("boot_id") for m in rank_metas}
-    if len(boots) <= 1:
-        return {}
-    out = {}
-    for m in rank_metas:
-        c = m.get("clock") or {}
-        if "wall_ns_at_start" in c and "mono_ns_at_start" in c and "rank" in m:
-            out[int(m["rank"])] = int(c["wall_ns_at_start"]) - int(c["mono_ns_at_start"])
-    if out:
-        base = min(out.values())
-        out = {r: v - base for r, v in out.items()}
-    return out
-
-
 def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                    batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None) -> RunAnalysis:
     """Analyse a run given an iterable of Arrow tables, each holding whole ranks."""
     parts: List[pd.DataFrame] = []
     colls = CollectiveStats()
-    offsets = clock_offsets(rank_metas)
+    comms: List = []
     tl = pd.DataFrame()
     kshares: List[pd.DataFrame] = []
     kbreak: List[pd.DataFrame] = []
@@ -169,10 +157,18 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 kshares.append(kern[0])
                 kbreak.append(kern[1])
             if comm is not None:
-                colls.add(comm, offsets)
+                comms.append(comm)
             if tl.empty:
                 tl = timeline(_small_window(chunk, steps), steps)
             del chunk
+    # hosts' clocks are aligned from all ranks' collectives before the
+    # cross-rank statistics (arrival skew) are folded
+    cframe = _align_frame(comms)
+    offsets, clock_table = clocks.align(cframe, rank_metas)
+    for comm in comms:
+        colls.add(comm, offsets)
+    del comms
+    hosts = {r: d[0] for r, d in clocks.domains(rank_metas).items()}
     steps = pd.concat(parts, ignore_index=True) if parts else \
         pd.DataFrame(columns=[c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")])
     del parts
@@ -190,7 +186,29 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                        pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
                        pd.concat(phases, ignore_index=True) if phases else pd.DataFrame(),
                        pd.concat(kshares, ignore_index=True) if kshares else pd.DataFrame(),
-                       pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame())
+                       pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame(),
+                       clock_table, offsets, hosts,
+                       nodes.per_host(steps, colls.rank_lateness(), hosts, cframe),
+                       nodes.scope_table(cframe, hosts) if len(set(hosts.values())) > 1 else pd.DataFrame())
+
+
+def _align_frame(comms) -> Optional[pd.DataFrame]:
+    """The columns clock alignment needs, completion on the device where measured."""
+    if not comms:
+        return None
+    from .events import device_times
+
+    frames = []
+    for c in comms:
+        cols = [x for x in ("rank", "name", "group", "group_size", "seq", "t_start", "t_end", "blocking", "bytes")
+                if x in c.column_names]
+        f = c.select(cols).to_pandas()
+        dev = device_times(c)
+        if dev is not None:
+            d0, d1, has = dev
+            f["t_end"] = np.where(has, d1, f["t_end"].to_numpy())
+        frames.append(f)
+    return pd.concat(frames, ignore_index=True)
 
 
 def pa_mask(mask: np.ndarray):
@@ -395,6 +413,16 @@ def straggler_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
     for key, members in _groups(runs).items():
         tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness()) for m in members]
         tables = [t for t in tables if len(t)]
+        if tables:
+            out[key] = pd.concat(tables, ignore_index=True)
+    return out
+
+
+def run_tables(runs: List[RunAnalysis], attr: str) -> Dict[tuple, pd.DataFrame]:
+    """A per-run table (clocks, nodes, scope) of every run that has one, by (label, GPUs)."""
+    out = {}
+    for key, members in _groups(runs).items():
+        tables = [getattr(m, attr) for m in members if len(getattr(m, attr))]
         if tables:
             out[key] = pd.concat(tables, ignore_index=True)
     return out

@@ -49,6 +49,11 @@ def command(variant, script, wl_args, out):
     if variant == "record, no flush":
         return [sys.executable, "-m", "commprof", "record", "-o", out, "--flush-interval", "3600", "--"] \
             + torchrun(wl)
+    if variant.startswith("record --disable "):
+        flags = []
+        for name in variant[len("record --disable "):].split("+"):
+            flags += ["--disable", name]
+        return [sys.executable, "-m", "commprof", "record", "-o", out] + flags + ["--"] + torchrun(wl)
     return torchrun([os.path.join(ROOT, "benchmarks", "_under_torch_profiler.py")] + wl)
 
 
@@ -72,16 +77,20 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="short,resnet18")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--split", default="",
+                   help="extra variants, comma-separated instrument sets to leave out (e.g. ddp,module,ddp+module):"
+                        " each runs as 'record --disable X' to split the cost by instrument")
     args = p.parse_args()
+    variants = VARIANTS + tuple(f"record --disable {x.strip()}" for x in args.split.split(",") if x.strip())
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     for wname in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         script, wl_args, warmup = WORKLOADS[wname]
-        wall = {v: [] for v in VARIANTS}
-        cpu = {v: [] for v in VARIANTS}
+        wall = {v: [] for v in variants}
+        cpu = {v: [] for v in variants}
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.repeats):
-                for v in VARIANTS:
-                    w, c = run_once(v, script, wl_args, tmp, f"{wname}-{i}-{VARIANTS.index(v)}", warmup, env)
+                for k, v in enumerate(variants):
+                    w, c = run_once(v, script, wl_args, tmp, f"{wname}-{i}-{k}", warmup, env)
                     wall[v].append(w)
                     cpu[v].append(c)
                     print(f"{wname} run {i + 1}/{args.repeats} {v:18s} step {w * 1e3:8.2f} ms wall, "
@@ -92,7 +101,7 @@ def main():
         print("| variant | step wall (ms) | vs plain | +µs/step | ratio spread | CPU/step (ms) | vs plain "
               "| +µs CPU/step | CPU ratio spread |")
         print("|---|---:|---:|---:|---|---:|---:|---:|---|")
-        for v in VARIANTS:
+        for v in variants:
             mw, mc = statistics.median(wall[v]), statistics.median(cpu[v])
             rw = [a / b for a, b in zip(wall[v], wall["plain"])]
             rc = [a / b for a, b in zip(cpu[v], cpu["plain"])]

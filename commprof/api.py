@@ -71,6 +71,8 @@ class Trace:
     meta: dict
     ranks: List[dict]
     flt: Filter = field(default_factory=Filter)
+    #: a job recorded as one folder per node: every folder (``path`` is the first)
+    parts: Tuple[str, ...] = ()
     #: analysed reports by (warmup, batch_size, group_by); a filtered view
     #: (``filter()``) starts with an empty cache
     _reports: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -82,7 +84,8 @@ class Trace:
         if columns is not None:
             read = list(columns) + [c for c in ("rank", "step", "category", "t_start", "t_end")
                                     if c not in columns]
-        for table in _assemble.iter_chunks(self.path, read, max_rows):
+        for table in (t for part in (self.parts or (self.path,))
+                      for t in _assemble.iter_chunks(part, read, max_rows)):
             if self.flt.ranks is not None and table.num_rows:
                 r = set(pc.unique(table.column("rank")).to_pylist())
                 if not r & set(self.flt.ranks):
@@ -236,6 +239,33 @@ class Comparison:
         return fig
 
 
+def join_jobs(traces: Sequence["Trace"]) -> List["Trace"]:
+    """Folders that hold parts of one job (one ``commprof record`` per node,
+    each writing its own folder) become one Trace: same run id, same world
+    size, disjoint ranks. Anything else stays as it is."""
+    out: List[Trace] = []
+    by_id: dict = {}
+    for t in traces:
+        rid, world = t.meta.get("run_id"), t.meta.get("world_size")
+        ranks = {int(m["rank"]) for m in t.ranks if "rank" in m}
+        key = (rid, world)
+        j = by_id.get(key) if rid else None
+        if j is not None and not (ranks & j[1]) and t.flt == out[j[0]].flt:
+            i, seen = j
+            base = out[i]
+            meta = dict(base.meta)
+            meta["ranks_recorded"] = len(seen | ranks)
+            meta["hosts"] = sorted(set(base.meta.get("hosts") or []) | set(t.meta.get("hosts") or []))
+            meta["parts"] = list(base.parts or (base.path,)) + list(t.parts or (t.path,))
+            out[i] = Trace(base.path, meta, base.ranks + t.ranks, base.flt, tuple(meta["parts"]))
+            by_id[key] = (i, seen | ranks)
+            continue
+        if rid:
+            by_id[key] = (len(out), ranks)
+        out.append(t)
+    return out
+
+
 def load(paths: Union[PathLike, Sequence[PathLike]]) -> Union[Trace, Comparison]:
     """Open one run (a ``Trace``) or several (a ``Comparison``).
 
@@ -243,7 +273,8 @@ def load(paths: Union[PathLike, Sequence[PathLike]]) -> Union[Trace, Comparison]
     Nothing is read but metadata until a method needs events."""
     if isinstance(paths, (str, Trace)) or hasattr(paths, "__fspath__"):
         return _one(paths)
-    return compare([_one(p) for p in paths])
+    traces = join_jobs([_one(p) for p in paths])
+    return traces[0] if len(traces) == 1 else compare(traces)
 
 
 def _one(p: PathLike) -> Trace:
@@ -257,7 +288,7 @@ def _one(p: PathLike) -> Trace:
 def compare(traces: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
             group_by: Optional[Sequence[str]] = None) -> Comparison:
     """Analyse several runs together (grouped by configuration and GPU count)."""
-    return Comparison([_one(t) for t in traces], warmup, batch_size, group_by)
+    return Comparison(join_jobs([_one(t) for t in traces]), warmup, batch_size, group_by)
 
 
 def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
@@ -266,7 +297,7 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
     ``commprof report`` prints is this report."""
     from .analyzers.report import build_report
 
-    runs = [_one(p).analysis(warmup, batch_size, group_by, chunk_rows) for p in paths]
+    runs = [t.analysis(warmup, batch_size, group_by, chunk_rows) for t in join_jobs([_one(p) for p in paths])]
     return build_report(runs, warmup), runs
 
 

@@ -58,10 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between GPU telemetry samples (default 1)")
     r.add_argument("--no-device-timing", action="store_true",
                    help="do not time regions with CUDA events")
+    r.add_argument("--nodes", type=int, default=None, metavar="N",
+                   help="this is one of N 'commprof record' writing one shared folder (one per node); "
+                        "the last to finish merges (default: inferred from srun / torchrun --nnodes)")
+    r.add_argument("--run-id", default=None, metavar="ID",
+                   help="the job's id, the same on every node (default: from Slurm or torchrun's "
+                        "rendezvous; per-node folders with one id are reported as one job)")
+    r.add_argument("--hang-timeout", type=float, default=0.0, metavar="S",
+                   help="when no rank has made progress for S seconds, write hang.json / hang.txt: where "
+                        "every rank is, whom the others wait for, every thread's stack")
+    r.add_argument("--hang-kill", action="store_true",
+                   help="with --hang-timeout: then end the job (commprof exits with status 124)")
     r.add_argument("-v", "--verbose", action="store_true")
     r.add_argument("--fault-inject", action="append", default=[], help=argparse.SUPPRESS)
     r.add_argument("--simulate-device-lag-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+    mg = sub.add_parser("merge", help="merge a record folder's shards by hand",
+                        description="Merge the shards and journals of a record folder into DIR/trace.parquet "
+                                    "(a shared multi-node folder whose last participant died before merging).")
+    mg.add_argument("folder", metavar="DIR")
+    mg.add_argument("--force", action="store_true", help="merge even if participants look unfinished")
 
     rep = sub.add_parser("report", help="tables from one or more traces",
                          description="Breakdown per GPU count and configuration, throughput, collectives.")
@@ -147,6 +164,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         if args.command == "record":
             return cmd_record(args)
+        if args.command == "merge":
+            return cmd_merge(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "import":
@@ -194,8 +213,16 @@ def cmd_record(args) -> int:
                 keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject,
                 kernels=args.kernels, telemetry=args.telemetry, device_timing=not args.no_device_timing,
                 telemetry_interval=args.telemetry_interval, horovod_timeline=args.horovod_timeline,
-                simulate_device_lag_ms=args.simulate_device_lag_ms)
+                simulate_device_lag_ms=args.simulate_device_lag_ms, nodes=args.nodes, run_id=args.run_id,
+                hang_timeout=args.hang_timeout, hang_kill=args.hang_kill)
     return exit_like(rc)
+
+
+def cmd_merge(args) -> int:
+    from .record.launcher import merge_folder
+
+    merge_folder(args.folder, force=args.force)
+    return 0
 
 
 def cmd_import(args) -> int:

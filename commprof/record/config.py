@@ -49,6 +49,9 @@ class Config:
     telemetry: str = "auto"
     #: Seconds between telemetry samples.
     telemetry_interval: float = 1.0
+    #: Keep a small progress file per rank (last and in-flight collective),
+    #: rewritten at each flush, for ``--hang-timeout``.
+    progress: bool = False
     #: Free-form labels added to the run metadata (``--label key=value``).
     labels: Dict[str, str] = field(default_factory=dict)
 

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 from ..errors import UsageError
 from ..trace.journal import HOROVOD_TIMELINE_FILE, find_shards, meta_path_of, side_files
 from ..trace.parquet import TRACE_FILE
-from . import bootstrap
+from . import bootstrap, shared
 from .config import Config
 
 BOOTSTRAP_DIR = ".bootstrap"
@@ -110,20 +110,31 @@ def _reap_group(pgid: int) -> None:
         pass
 
 
-def _reap_ranks(shard_dir: str) -> List[int]:
-    """Terminate rank processes of this run (on this host) still alive after
-    the command returned, e.g. torchrun workers orphaned by a killed agent."""
+def own_rank_pids(shard_dir: str) -> List[int]:
+    """Rank processes of this ``commprof record`` (this host, started under
+    it) that are still alive: other participants' ranks of a shared folder
+    are left alone."""
     import glob
+    import json
 
     host = socket.gethostname()
     pids = []
     for meta in glob.glob(os.path.join(shard_dir, f"{host}.*.meta.json")):
         try:
             pid = int(os.path.basename(meta)[len(host) + 1:].split(".")[0])
-        except ValueError:
+            with open(meta) as fh:
+                owner = json.load(fh).get("record_pid")
+        except (ValueError, OSError):
             continue
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and owner in (None, os.getpid()) and _alive(pid):
             pids.append(pid)
+    return pids
+
+
+def _reap_ranks(shard_dir: str) -> List[int]:
+    """Terminate rank processes of this run (on this host) still alive after
+    the command returned, e.g. torchrun workers orphaned by a killed agent."""
+    pids = own_rank_pids(shard_dir)
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -149,6 +160,7 @@ def _package_parent() -> str:
 def child_env(config: Config, boot_dir: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(config.to_env())
+    env["COMMPROF_RECORD_PID"] = str(os.getpid())
     parts = [boot_dir, _package_parent()]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])
@@ -161,7 +173,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
            keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = (),
            kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
            telemetry_interval: float = 1.0, horovod_timeline: bool = False,
-           simulate_device_lag_ms: float = 0.0) -> int:
+           simulate_device_lag_ms: float = 0.0, nodes: Optional[int] = None, run_id: Optional[str] = None,
+           hang_timeout: float = 0.0, hang_kill: bool = False) -> int:
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
@@ -179,21 +192,32 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
         raise UsageError("--telemetry must be auto, on or off")
     if telemetry_interval <= 0:
         raise UsageError("--telemetry-interval must be > 0")
+    if nodes is not None and nodes < 1:
+        raise UsageError("--nodes must be at least 1")
+    if hang_timeout < 0:
+        raise UsageError("--hang-timeout must be >= 0 seconds")
     out_dir = os.path.abspath(out_dir)
-    prepare_out_dir(out_dir)
+    expected = shared.expected_participants(cmd, dict(os.environ), nodes)
+    run_id = run_id or shared.job_id(cmd, dict(os.environ)) or uuid.uuid4().hex[:12]
+    participant = None
+    if expected > 1 or shared.read_run(out_dir) is not None:
+        participant = _join_shared(out_dir, run_id, expected)
+        run_id = participant.run["run_id"]
+    else:
+        prepare_out_dir(out_dir)
     from .instruments import ALL
 
     unknown = [d for d in list(disable) + list(fault_inject) if d not in ALL]
     if unknown:
         raise UsageError(f"unknown instrument(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
 
-    config = Config(out_dir=out_dir, run_id=uuid.uuid4().hex[:12], command=tuple(cmd),
+    config = Config(out_dir=out_dir, run_id=run_id, command=tuple(cmd),
                     launcher=detect_launcher(cmd), flush_interval=flush_interval, nvtx=nvtx,
                     disable=tuple(disable), verbose=verbose, fault_inject=tuple(fault_inject),
                     labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
                     device_timing=device_timing, telemetry_interval=telemetry_interval,
-                    simulate_device_lag_ms=simulate_device_lag_ms)
-    boot_dir = os.path.join(out_dir, BOOTSTRAP_DIR)
+                    simulate_device_lag_ms=simulate_device_lag_ms, progress=hang_timeout > 0)
+    boot_dir = os.path.join(out_dir, f"{BOOTSTRAP_DIR}.{socket.gethostname()}.{os.getpid()}")
     bootstrap.write_bootstrap(boot_dir, config)
     shard_dir = os.path.join(out_dir, "shards")
     os.makedirs(shard_dir, exist_ok=True)
@@ -201,15 +225,57 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
     if horovod_timeline:
         env["HOROVOD_TIMELINE"] = os.path.join(shard_dir, HOROVOD_TIMELINE_FILE)
 
-    returncode = _run(cmd, env)
+    watchdog = None
+    if hang_timeout > 0:
+        from .hang import Watchdog
+
+        watchdog = Watchdog(out_dir, shard_dir, hang_timeout, kill=hang_kill)
+    returncode = _run(cmd, env, watchdog)
+    if watchdog is not None:
+        watchdog.stop()
+        if watchdog.fired and hang_kill:
+            returncode = HANG_EXIT_CODE
 
     _reap_ranks(shard_dir)
     shutil.rmtree(boot_dir, ignore_errors=True)
-    _merge(out_dir, shard_dir, config, keep_shards)
+    if participant is None:
+        _merge(out_dir, shard_dir, config, keep_shards)
+    elif participant.finish():
+        try:
+            _merge(out_dir, shard_dir, config, keep_shards)
+        finally:
+            participant.release()
+            if os.path.exists(os.path.join(out_dir, TRACE_FILE)):
+                shutil.rmtree(os.path.join(out_dir, shared.NODES_DIR), ignore_errors=True)
+    else:
+        sys.stderr.write(f"commprof: {socket.gethostname()} done; the last participant merges "
+                         f"(waiting for: {', '.join(participant.waiting_for()) or 'none'})\n")
     return returncode
 
 
-def _run(cmd: List[str], env: Dict[str, str]) -> int:
+#: exit status of ``commprof record --hang-timeout S --hang-kill`` when it ended a hung job
+HANG_EXIT_CODE = 124
+
+
+def _join_shared(out_dir: str, run_id: str, expected: int) -> "shared.Participant":
+    if shared.merged(out_dir):
+        raise UsageError(f"{out_dir!r} already holds a recording; choose another -o")
+    existing = shared.read_run(out_dir)
+    if existing is not None:
+        ps = shared.participants(out_dir)
+        if ps and all(p.get("state") == "done" for p in ps) and len(ps) >= int(existing.get("expected") or 1):
+            raise UsageError(f"{out_dir!r} holds a finished recording that was not merged "
+                             "(commprof merge DIR merges it); choose another -o")
+    elif any(find_shards(os.path.join(out_dir, "shards"))):
+        raise UsageError(f"{out_dir!r} already holds a recording; choose another -o")
+    try:
+        os.makedirs(os.path.join(out_dir, "shards"), exist_ok=True)
+        return shared.Participant(out_dir, run_id, expected)
+    except OSError as exc:
+        raise UsageError(f"output location {out_dir!r} is not writable: {exc.strerror or exc}")
+
+
+def _run(cmd: List[str], env: Dict[str, str], watchdog=None) -> int:
     tty = None
     try:
         if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
@@ -238,6 +304,8 @@ def _run(cmd: List[str], env: Dict[str, str]) -> int:
 
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     previous = {s: signal.signal(s, forward) for s in forwarded}
+    if watchdog is not None:
+        watchdog.start(child.pid)
     try:
         while True:
             try:
@@ -257,6 +325,27 @@ def _run(cmd: List[str], env: Dict[str, str]) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return returncode
+
+
+def merge_folder(out_dir: str, force: bool = False) -> None:
+    """``commprof merge DIR``: merge a folder's shards by hand (e.g. a shared
+    folder whose last participant died before it could merge)."""
+    out_dir = os.path.abspath(out_dir)
+    shard_dir = os.path.join(out_dir, "shards")
+    if not os.path.isdir(out_dir):
+        raise UsageError(f"{out_dir}: no such folder")
+    if shared.merged(out_dir):
+        raise UsageError(f"{out_dir!r} is already merged ({TRACE_FILE})")
+    if not any(find_shards(shard_dir)):
+        raise UsageError(f"{out_dir!r} holds no shards or journals to merge")
+    run = shared.read_run(out_dir) or {}
+    running = [f"{p['host']}.{p['pid']}" for p in shared.participants(out_dir) if p.get("state") != "done"]
+    if running and not force:
+        raise UsageError(f"participant(s) {', '.join(running)} have not finished; wait, or --force if they died")
+    config = Config(out_dir=out_dir, run_id=run.get("run_id") or uuid.uuid4().hex[:12], launcher="")
+    _merge(out_dir, shard_dir, config, keep_shards=False)
+    if shared.merged(out_dir):
+        shutil.rmtree(os.path.join(out_dir, shared.NODES_DIR), ignore_errors=True)
 
 
 def _merge(out_dir: str, shard_dir: str, config: Config, keep_shards: bool) -> None:

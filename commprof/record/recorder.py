@@ -80,7 +80,12 @@ class Recorder:
         self.flusher: Optional[Flusher] = None
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self._clock0 = (time.time_ns(), now())
+        self._clock0 = (time.time_ns() + _WALL_ERROR_NS, now())
+        # --hang-timeout: in-flight collectives and the last one completed
+        self.track = bool(self.config.progress)
+        self.inflight: Dict[tuple, tuple] = {}
+        self.last_done: Optional[tuple] = None
+        self.n_done = 0
 
     def after_fork_in_child(self) -> None:
         """A forked child starts with a fresh, idle recorder (and becomes a
@@ -161,6 +166,10 @@ class Recorder:
         for its device times."""
         row = Event(step, "comm", name, source, detail, t0, t1, bytes=nbytes, dtype=dtype,
                     group=group, group_size=group_size, seq=seq, blocking=blocking)
+        if self.track:
+            self.inflight.pop((group, seq), None)
+            self.last_done = (group, seq, name, nbytes, t1)
+            self.n_done += 1
         if dev is not None and self.timer is not None:
             if self.state != "active" and (self.state != "idle" or not self._activate()):
                 return
@@ -186,6 +195,23 @@ class Recorder:
     def comm_issued(self, t0: int) -> None:
         """A collective was issued at ``t0`` (the backward split point)."""
         self.last_comm_issue = t0
+
+    def comm_started(self, group: str, seq: int, name: str, nbytes, t0: int) -> None:
+        """A collective is in flight (kept only for --hang-timeout)."""
+        self.inflight[(group, seq)] = (name, nbytes, t0)
+
+    def progress(self) -> Dict[str, Any]:
+        """What the hang watchdog reads: where this rank is (monotonic ns)."""
+        info = self.rank_info or _ranks.detect()
+        last = self.last_done
+        return {
+            "rank": info.rank, "world_size": info.world_size, "host": self.host, "pid": self.pid,
+            "step": self.clock.step, "done": self.n_done, "mono_ns": now(), "wall_ns": time.time_ns(),
+            "last": None if last is None else {"group": last[0], "seq": last[1], "op": last[2],
+                                               "bytes": last[3], "at_ns": last[4]},
+            "inflight": [{"group": g, "seq": q, "op": v[0], "bytes": v[1], "since_ns": v[2]}
+                         for (g, q), v in list(self.inflight.items())],
+        }
 
     # ------------------------------------------------------- step boundaries
     def note_items(self, detail: str, n: int) -> None:
@@ -242,8 +268,16 @@ class Recorder:
         if self.kernels.window is not None and self.clock.step == 0:
             self.kernels.at_step(0, self.run_info, self.shard_dir, self.host, self.pid)
         self._start_telemetry()
+        if self.track:
+            try:
+                from .hang import install_stack_dump
+
+                install_stack_dump(self.shard_dir, self.host, self.pid)
+            except Exception as exc:
+                warn(f"cannot install the stack dump for --hang-timeout: {exc!r}")
         self.flusher = Flusher(self.q, self.shard_dir, self.host, self.pid, self.config.flush_interval,
-                               self.rank_meta, self._before_flush, self._flush_failed)
+                               self.rank_meta, self._before_flush, self._flush_failed,
+                               progress=self.progress if self.track else None)
         self.flusher.start()
         return True
 
@@ -299,6 +333,7 @@ class Recorder:
             "rank": info.rank, "world_size": info.world_size, "local_rank": info.local_rank,
             "rank_source": info.source, "host": self.host, "pid": self.pid,
             "launcher": self.config.launcher, "run_id": self.config.run_id,
+            "node_rank": _node_rank(), "record_pid": _record_pid(),
             "clock": {"wall_ns_at_start": wall0, "mono_ns_at_start": mono0,
                       "wall_ns_at_end": time.time_ns(), "mono_ns_at_end": now(),
                       "boot_id": _boot_id()},
@@ -327,6 +362,30 @@ class Recorder:
         except Exception as exc:
             warn(f"could not finalise the trace of pid {self.pid}: {exc!r} "
                  "(the journal is kept and will be salvaged)")
+
+
+#: Test knob (the multi-host clock tests): error added to this process's
+#: wall clock reading at start, as a host with a badly synchronised clock would have.
+try:
+    _WALL_ERROR_NS = int(float(os.environ.get("COMMPROF_TEST_WALL_ERROR_MS", "0")) * 1e6)
+except ValueError:
+    _WALL_ERROR_NS = 0
+
+
+def _node_rank() -> Optional[int]:
+    for key in ("GROUP_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK"):
+        try:
+            return int(os.environ[key])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def _record_pid() -> Optional[int]:
+    try:
+        return int(os.environ["COMMPROF_RECORD_PID"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _boot_id() -> Optional[str]:

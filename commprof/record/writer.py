@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import threading
 from typing import Any, Callable, Dict, Optional
 
-from ..trace.journal import JournalWriter
+from ..trace.files import atomic_write
+from ..trace.journal import PROGRESS_SUFFIX, JournalWriter
 from .log import log_once
 
 
 class Flusher:
     def __init__(self, queue: collections.deque, shard_dir: str, host: str, pid: int,
                  interval: float, meta: Callable[[str], Dict[str, Any]],
-                 before_flush: Callable[[Optional[float]], None], on_fail: Callable[[], None]):
+                 before_flush: Callable[[Optional[float]], None], on_fail: Callable[[], None],
+                 progress: Optional[Callable[[], Dict[str, Any]]] = None):
         self.q = queue
         self.journal = JournalWriter(shard_dir, host, pid)
         self.interval = interval
@@ -27,6 +30,8 @@ class Flusher:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._meta_written: Optional[str] = None
+        self._progress = progress
+        self._progress_path = os.path.join(shard_dir, f"{host}.{pid}{PROGRESS_SUFFIX}")
 
     def start(self) -> None:
         """Create the journal and its metadata now (a rank killed in its
@@ -58,6 +63,8 @@ class Flusher:
             if n:
                 self.journal.append([self.q.popleft() for _ in range(n)])
             self._write_meta()
+            if self._progress is not None:
+                atomic_write(self._progress_path, json.dumps(self._progress(), default=str))
 
     def _write_meta(self) -> None:
         if not self.journal.started:

@@ -281,6 +281,11 @@ def journal_to_shard(path: str) -> Optional[str]:
     return out
 
 
+#: per-process progress file (``commprof record --hang-timeout``)
+PROGRESS_SUFFIX = ".progress.json"
+#: per-process Python stacks, dumped by faulthandler when a hang is detected
+STACKS_SUFFIX = ".stacks.txt"
+
 # Side files other tools write into a shard folder (read by commprof.assemble).
 #: rank 0's Horovod timeline (``commprof record --horovod-timeline``)
 HOROVOD_TIMELINE_FILE = "horovod_timeline.json"
@@ -294,4 +299,6 @@ def kernel_trace_path(shard_dir: str, host: str, pid: int) -> str:
 def side_files(shard_dir: str) -> List[str]:
     """Every side file in a shard folder (removed with the shards after a merge)."""
     return sorted(glob.glob(os.path.join(shard_dir, "kineto.*.json.gz"))
-                  + glob.glob(os.path.join(shard_dir, HOROVOD_TIMELINE_FILE)))
+                  + glob.glob(os.path.join(shard_dir, HOROVOD_TIMELINE_FILE))
+                  + glob.glob(os.path.join(shard_dir, "*" + PROGRESS_SUFFIX))
+                  + glob.glob(os.path.join(shard_dir, "*" + STACKS_SUFFIX)))

@@ -119,6 +119,8 @@ class CollectivesInstrument(Instrument):
                 dev = rec.dev_begin()
                 if is_async:
                     rec.comm_issued(t0)
+                if rec.track:
+                    rec.comm_started(gname, seq, op, nbytes, t0)
             except Exception as exc:
                 inst.fail(exc)
                 return original(*args, **kwargs)

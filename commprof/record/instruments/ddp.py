@@ -110,6 +110,8 @@ class DDPInstrument(Instrument):
                 seq = rec.next_seq(gname)
                 step = rec.step
                 rec.comm_issued(t0)
+                if rec.track:
+                    rec.comm_started(gname, seq, "all_reduce", nbytes, t0)
                 rid = rec.nvtx.start("all_reduce")
                 dev = rec.dev_begin()
             except Exception as exc:

@@ -1,0 +1,174 @@
+"""Clock alignment of hosts from the collectives themselves.
+
+Every rank stamps events with its host's CLOCK_MONOTONIC; hosts' clocks
+differ by arbitrary offsets. The wall clock at start (``wall - mono`` in each
+rank's metadata) gives a first guess, good to the hosts' NTP error — often
+milliseconds, as large as the arrival skews users look for. The trace then
+corrects it, the way Scalasca corrects timestamps from message semantics:
+
+- **Causality** (hard bounds): a collective cannot complete on any rank
+  before the last rank issued it. For hosts A (reference) and B with offset
+  o (B's clock + o = A's clock), every instance both take part in gives
+  ``o >= max_issue_A - min_end_B`` and ``o <= min_end_A - max_issue_B``:
+  an interval, like NTP's, that narrows with every collective.
+- **Synchronous completion** (estimate): a blocking collective (and, less
+  tightly, any collective) completes on all ranks at nearly the same
+  instant, so ``o ~ median(end_A - end_B)`` over the instances; the
+  estimate is clipped into the causality interval.
+
+A clock domain is a (host name, boot id) pair: ranks on one host share a
+clock. The reference is the domain of the lowest rank. Per domain the
+report states the offset, the wall-clock guess, the correction, the
+uncertainty (standard error of the median), the causality interval
+(``feasible_lo_ms``..``feasible_hi_ms``: every offset in it violates no
+collective) and the residual causality violations after alignment.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+
+ALIGN_COLUMNS = ["host", "ranks", "offset_ms", "wall_guess_ms", "correction_ms", "uncertainty_ms",
+                 "feasible_lo_ms", "feasible_hi_ms", "instances", "violations", "method"]
+
+
+def domains(rank_metas: List[dict]) -> Dict[int, Tuple[str, str]]:
+    """rank -> clock domain (host, boot id)."""
+    out = {}
+    for m in rank_metas:
+        if "rank" not in m:
+            continue
+        c = m.get("clock") or {}
+        out[int(m["rank"])] = (str(m.get("host") or "?"), str(c.get("boot_id") or ""))
+    return out
+
+
+def wall_offsets(rank_metas: List[dict]) -> Dict[int, int]:
+    """Per rank, ns to add to its monotonic times (wall-clock guess),
+    relative to the lowest rank's domain."""
+    out = {}
+    for m in rank_metas:
+        c = m.get("clock") or {}
+        if "wall_ns_at_start" in c and "mono_ns_at_start" in c and "rank" in m:
+            out[int(m["rank"])] = int(c["wall_ns_at_start"]) - int(c["mono_ns_at_start"])
+    if out:
+        base = out[min(out)]
+        out = {r: v - base for r, v in out.items()}
+    return out
+
+
+def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[int, int], pd.DataFrame]:
+    """Offsets per rank (ns to add to its times) and the per-host table.
+
+    ``comm``: one row per collective call with rank, group, seq, t_start,
+    t_end (completion: device time where measured) and blocking. With one
+    clock domain nothing is shifted and the table is empty."""
+    dom = domains(rank_metas)
+    names = sorted(set(dom.values()))
+    if len(names) <= 1:
+        return {}, pd.DataFrame(columns=ALIGN_COLUMNS)
+    wall = wall_offsets(rank_metas)
+    ref = dom[min(dom)]
+    dom_wall: Dict[tuple, int] = {}
+    for r, d in sorted(dom.items()):
+        dom_wall.setdefault(d, wall.get(r, 0))
+    rows = []
+    dom_off: Dict[tuple, int] = {ref: dom_wall.get(ref, 0)}
+    pairs = _instances(comm, dom) if comm is not None and len(comm) else None
+    for d in names:
+        ranks = sorted(r for r, x in dom.items() if x == d)
+        guess = dom_wall.get(d, 0)
+        if d == ref:
+            rows.append(_row(d, ranks, guess, guess, 0.0, (0.0, 0.0), 0, "reference"))
+            continue
+        est = _estimate(pairs, ref, d, guess) if pairs is not None else None
+        if est is None:
+            dom_off[d] = guess
+            rows.append(_row(d, ranks, guess, guess, float("nan"), (float("nan"),) * 2, 0,
+                             "wall clock (no shared collective)"))
+            continue
+        off, unc, feasible, n, method = est
+        dom_off[d] = off
+        rows.append(_row(d, ranks, off, guess, unc, feasible, n, method))
+    offsets = {r: dom_off[d] for r, d in dom.items()}
+    table = pd.DataFrame(rows, columns=ALIGN_COLUMNS)
+    if pairs is not None:
+        table["violations"] = [_violations(pairs, offsets, dom, d) for d in names]
+    return offsets, table
+
+
+def _row(d, ranks, off, guess, unc, feasible, n, method):
+    return {"host": d[0], "ranks": _ranges(ranks), "offset_ms": off / 1e6, "wall_guess_ms": guess / 1e6,
+            "correction_ms": (off - guess) / 1e6, "uncertainty_ms": unc / 1e6,
+            "feasible_lo_ms": feasible[0] / 1e6, "feasible_hi_ms": feasible[1] / 1e6,
+            "instances": n, "violations": 0, "method": method}
+
+
+def _ranges(ranks: List[int]) -> str:
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _instances(comm: pd.DataFrame, dom: Dict[int, tuple]) -> pd.DataFrame:
+    """Per (instance, domain): earliest/latest issue, earliest/latest/median completion."""
+    c = comm[["rank", "group", "seq", "t_start", "t_end"]].copy()
+    c["blocking"] = comm["blocking"].fillna(False).astype(bool) if "blocking" in comm else False
+    c = c[c["seq"].notna() & c["group"].notna()]
+    keys = sorted(set(dom.values()))
+    code = {d: i for i, d in enumerate(keys)}
+    c["dom"] = c["rank"].map(lambda r: code.get(dom.get(int(r)), -1))
+    c = c[c["dom"] >= 0]
+    c["group"] = c["group"].astype(str)
+    g = c.groupby(["group", "seq", "dom"], observed=True)
+    out = g.agg(min_start=("t_start", "min"), max_start=("t_start", "max"), min_end=("t_end", "min"),
+                max_end=("t_end", "max"), med_end=("t_end", "median"), blocking=("blocking", "all"))
+    out = out.reset_index()
+    out["dom"] = out["dom"].map(lambda i: keys[i])
+    return out
+
+
+def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple, guess: int):
+    a = pairs[pairs["dom"] == ref].set_index(["group", "seq"])
+    b = pairs[pairs["dom"] == d].set_index(["group", "seq"])
+    j = a.join(b, lsuffix="_a", rsuffix="_b", how="inner")
+    if j.empty:
+        return None
+    lo = float((j["max_start_a"] - j["min_end_b"]).max())
+    hi = float((j["min_end_a"] - j["max_start_b"]).min())
+    sync = j[j["blocking_a"] & j["blocking_b"]]
+    base = sync if len(sync) >= 3 else j
+    diff = (base["med_end_a"] - base["med_end_b"]).to_numpy(np.float64)
+    est = float(np.median(diff))
+    # standard error of a median: 1.2533 sigma / sqrt(n), sigma from the MAD
+    mad = float(np.median(np.abs(diff - est))) * 1.4826
+    unc = 1.2533 * mad / np.sqrt(len(diff))
+    kind = "blocking" if base is sync else "all"
+    if lo <= hi:
+        off = min(max(est, lo), hi)
+        method = f"collectives ({kind} completions, within causality bounds)"
+    else:
+        off = est
+        method = f"collectives ({kind} completions; causality bounds conflict)"
+    return int(round(off)), unc, (lo, hi), int(len(j)), method
+
+
+def _violations(pairs: pd.DataFrame, offsets: Dict[int, int], dom: Dict[int, tuple], d: tuple) -> int:
+    """Instances in which a rank of domain ``d`` completes, after alignment,
+    before the last issuer (of any domain) issued."""
+    dom_off = {}
+    for r, x in dom.items():
+        dom_off.setdefault(x, offsets.get(r, 0))
+    p = pairs.assign(off=pairs["dom"].map(dom_off).astype(np.int64))
+    p = p.assign(s=p["max_start"] + p["off"], e=p["min_end"] + p["off"])
+    last = p.groupby(["group", "seq"])["s"].transform("max")
+    mine = p["dom"].map(lambda x: x == d).astype(bool)
+    multi = p.groupby(["group", "seq"])["dom"].transform("size") > 1
+    return int(((p["e"] < last) & mine & multi).sum())

@@ -1,0 +1,86 @@
+"""A small DDP job for the multi-node tests (torchrun or srun, env://).
+
+Every step: forward/backward/optimizer under DDP, then one blocking
+``all_reduce`` of ``--sync-bytes`` (a metric sync: the collective whose
+arrival skew the clock tests check). Knobs that make the job misbehave in
+known ways:
+
+--late-rank R --late-ms T   rank R sleeps T ms before every blocking all_reduce
+--slow-rank R --slow-ms T   rank R sleeps T ms inside its forward (a slow node)
+--skip-rank R --skip-at S   rank R skips the blocking all_reduce of step S
+                            (the others hang in it: a collective missing on a rank)
+--mismatch-rank R --mismatch-at S   rank R reduces twice the bytes at step S
+Each rank writes rank<N>.json (own issue times of the blocking all_reduce on
+the wall clock, which time namespaces leave alone: the truth the clock tests
+compare with), its rank and host into --result-dir.
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _exit import wait_released  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--sync-bytes", type=int, default=4096)
+    p.add_argument("--late-rank", type=int, default=-1)
+    p.add_argument("--late-ms", type=float, default=0.0)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--skip-rank", type=int, default=-1)
+    p.add_argument("--skip-at", type=int, default=-1)
+    p.add_argument("--mismatch-rank", type=int, default=-1)
+    p.add_argument("--mismatch-at", type=int, default=-1)
+    p.add_argument("--result-dir", default=None)
+    a = p.parse_args()
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
+                          LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    if a.slow_ms and rank == a.slow_rank:
+        model[0].register_forward_pre_hook(lambda m, inp: time.sleep(a.slow_ms / 1e3))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    issues = []
+    sync = None
+    for step in range(a.steps):
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == a.late_rank and a.late_ms:
+            time.sleep(a.late_ms / 1e3)
+        if rank == a.skip_rank and step == a.skip_at:
+            continue
+        n = a.sync_bytes // 4 * (2 if rank == a.mismatch_rank and step == a.mismatch_at else 1)
+        sync = torch.ones(n)
+        issues.append(time.time_ns())  # CLOCK_REALTIME: not shifted by time namespaces
+        dist.all_reduce(sync)
+    if a.result_dir:
+        with open(os.path.join(a.result_dir, f"rank{rank}.json"), "w") as fh:
+            json.dump({"rank": rank, "world": world, "host": socket.gethostname(), "issues_ns": issues}, fh)
+    last = torch.zeros(1)
+    dist.all_reduce(last)
+    wait_released([last] + ([sync] if sync is not None else []))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
