@@ -124,7 +124,8 @@ def _groups(key: np.ndarray):
 
 
 _INST_FIELDS = ("key", "op", "min_start", "max_start", "sum_end", "n", "bytes", "last_rank",
-                "op_max", "min_bytes", "min_bytes_rank", "max_bytes_rank", "gsize")
+                "op_max", "min_bytes", "min_bytes_rank", "max_bytes_rank", "gsize", "src_min", "src_max",
+                "src_min_rank", "src_max_rank", "dt_min", "dt_max", "dt_min_rank", "dt_max_rank")
 _SEQ_BITS = 40
 
 
@@ -157,6 +158,20 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     at_min = np.zeros(len(first), np.int64)
     h = np.flatnonzero(mnb == np.repeat(low_b, sizes))
     at_min[np.searchsorted(first, h, side="right") - 1] = h
+
+    def extreme(field, reduce):
+        """Per instance: the min / max of a code field and the rank holding it."""
+        v = a[field][order]
+        best = reduce.reduceat(v, first)
+        at_ = np.zeros(len(first), np.int64)
+        hit_ = np.flatnonzero(v == np.repeat(best, sizes))
+        at_[np.searchsorted(first, hit_, side="right") - 1] = hit_
+        return best, a[field + "_rank"][order[at_]]
+
+    codes = {}
+    for f in ("src", "dt"):
+        codes[f + "_min"], codes[f + "_min_rank"] = extreme(f + "_min", np.minimum)
+        codes[f + "_max"], codes[f + "_max_rank"] = extreme(f + "_max", np.maximum)
     return {
         "key": key[first],
         "op": np.minimum.reduceat(a["op"][order], first),
@@ -171,6 +186,7 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         "min_bytes_rank": a["min_bytes_rank"][order[at_min]],
         "max_bytes_rank": a["max_bytes_rank"][order[at_max]],
         "gsize": np.fmax.reduceat(a["gsize"][order], first),
+        **codes,
     }
 
 
@@ -184,7 +200,7 @@ class CollectiveStats:
 
     def __init__(self):
         self.calls: Dict[tuple, dict] = {}
-        self._names: Dict[str, Dict[str, int]] = {"group": {}, "op": {}}
+        self._names: Dict[str, Dict[str, int]] = {"group": {}, "op": {}, "source": {}, "dtype": {}}
         self._acc: Optional[Dict[str, np.ndarray]] = None
         self._pending: list = []
         self._pending_rows = 0
@@ -240,11 +256,17 @@ class CollectiveStats:
             g_codes, groups = _codes(comm.column("group"))
             gid = self._ids("group", groups)[g_codes]
             oid = self._ids("op", ops)[op_codes]
+            sid = self._ids("source", srcs)[src_codes]
+            if "dtype" in comm.column_names:
+                dt_codes, dts = _codes(comm.column("dtype"))
+                did = self._ids("dtype", dts)[dt_codes]
+            else:
+                did = np.full(n, -1, np.int64)
             seq = _num(comm, "seq", np.int64, -1)
             ok = (seq >= 0) & (seq < (1 << _SEQ_BITS)) & (gid >= 0)
             if ok.any():
                 self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], (t0 + off)[ok], (t1 + off)[ok],
-                                    nbytes[ok], gsize[ok])
+                                    nbytes[ok], gsize[ok], sid[ok], did[ok])
 
     def add_calls(self, c: pd.DataFrame) -> None:
         """Fold a per_call frame into the per (op, source, size bucket) sketches."""
@@ -266,7 +288,7 @@ class CollectiveStats:
         if len(gsize) and not np.isnan(gsize).all():
             acc["group_size"] = max(acc["group_size"], int(np.nanmax(gsize)))
 
-    def _add_instances(self, gid, seq, oid, rank, ts, te, nbytes, gsize) -> None:
+    def _add_instances(self, gid, seq, oid, rank, ts, te, nbytes, gsize, sid, did) -> None:
         self._inst_cache = None
         # float sums are kept relative to the first issue time seen (exact enough)
         if self._t_ref is None:
@@ -275,7 +297,8 @@ class CollectiveStats:
             "key": (gid << _SEQ_BITS) | seq, "op": oid, "min_start": ts, "max_start": ts,
             "sum_end": (te - self._t_ref).astype(np.float64), "n": np.ones(len(ts), np.int64), "bytes": nbytes,
             "last_rank": rank, "op_max": oid, "min_bytes": nbytes, "min_bytes_rank": rank, "max_bytes_rank": rank,
-            "gsize": gsize})
+            "gsize": gsize, "src_min": sid, "src_max": sid, "src_min_rank": rank, "src_max_rank": rank,
+            "dt_min": did, "dt_max": did, "dt_min_rank": rank, "dt_max_rank": rank})
         self._pending.append(part)
         self._pending_rows += len(part["key"])
         acc_rows = len(self._acc["key"]) if self._acc is not None else 0
@@ -310,12 +333,17 @@ class CollectiveStats:
             return None
         groups = np.array(list(self._names["group"]), dtype=object)
         ops = np.array(list(self._names["op"]), dtype=object)
+        srcs = np.array(list(self._names["source"]) + ["?"], dtype=object)
+        dts = np.array(list(self._names["dtype"]) + ["?"], dtype=object)
         self._inst_cache = pd.DataFrame({
             "group": groups[a["key"] >> _SEQ_BITS], "seq": a["key"] & ((1 << _SEQ_BITS) - 1),
             "op": ops[a["op"]], "min_start": a["min_start"], "max_start": a["max_start"],
             "sum_end": a["sum_end"], "n": a["n"], "bytes": a["bytes"], "last_rank": a["last_rank"],
             "op_max": ops[a["op_max"]], "min_bytes": a["min_bytes"], "min_bytes_rank": a["min_bytes_rank"],
-            "max_bytes_rank": a["max_bytes_rank"], "gsize": a["gsize"]})
+            "max_bytes_rank": a["max_bytes_rank"], "gsize": a["gsize"],
+            "src_min": srcs[a["src_min"]], "src_max": srcs[a["src_max"]], "src_min_rank": a["src_min_rank"],
+            "src_max_rank": a["src_max_rank"], "dt_min": dts[a["dt_min"]], "dt_max": dts[a["dt_max"]],
+            "dt_min_rank": a["dt_min_rank"], "dt_max_rank": a["dt_max_rank"]})
         return self._inst_cache
 
     # -- results ---------------------------------------------------------------
@@ -364,15 +392,24 @@ class CollectiveStats:
         if inst is None:
             return pd.DataFrame(columns=cols)
         rows = []
-        bad = inst[(inst["op"] != inst["op_max"]) | ((inst["min_bytes"] != inst["bytes"]) & inst["bytes"].notna())]
+        bad = inst[(inst["op"] != inst["op_max"]) | ((inst["min_bytes"] != inst["bytes"]) & inst["bytes"].notna())
+                   | (inst["src_min"] != inst["src_max"]) | (inst["dt_min"] != inst["dt_max"])]
         for _, i in bad.sort_values(["group", "seq"]).head(limit).iterrows():
             if i["op"] != i["op_max"]:
                 detail = f"ops differ across ranks ({i['op']} vs {i['op_max']})"
                 kind = "op mismatch"
-            else:
+            elif i["min_bytes"] != i["bytes"]:
                 detail = (f"{int(i['min_bytes']):,} B on rank {int(i['min_bytes_rank'])} vs "
                           f"{int(i['bytes']):,} B on rank {int(i['max_bytes_rank'])}")
                 kind = "size mismatch"
+            elif i["dt_min"] != i["dt_max"]:
+                detail = (f"{i['dt_min']} on rank {int(i['dt_min_rank'])} vs "
+                          f"{i['dt_max']} on rank {int(i['dt_max_rank'])}")
+                kind = "dtype mismatch"
+            else:
+                detail = (f"issued by {i['src_min']} on rank {int(i['src_min_rank'])} vs "
+                          f"{i['src_max']} on rank {int(i['src_max_rank'])}")
+                kind = "issuer mismatch"
             rows.append({"group": i["group"], "seq": int(i["seq"]), "kind": kind,
                          "op": i["op"] if i["op"] == i["op_max"] else f"{i['op']}/{i['op_max']}",
                          "detail": detail, "ranks_seen": int(i["n"]),

@@ -88,7 +88,7 @@ def diagnose(progress: Dict[str, dict]) -> dict:
                      for (op, nbytes), rs in sorted(sigs.items(), key=lambda kv: -len(kv[1]))]
             odd = sorted(min(sigs.values(), key=len))
             mismatches.append({"group": g, "seq": frontier, "signatures": parts, "odd_ranks": odd})
-            findings.append(f"{g} #{frontier}: the ranks are in different collectives ({'; '.join(parts)}): "
+            findings.append(f"group {g} seq {frontier}: the ranks are in different collectives ({'; '.join(parts)}): "
                             f"their sequences diverged; rank(s) {_ranks(odd)} issued a different collective "
                             "(skipped or added one)")
         missing = sorted(r["rank"] for r in ranks if r["rank"] not in inside)
@@ -96,7 +96,7 @@ def diagnose(progress: Dict[str, dict]) -> dict:
         if missing and inside:
             c0 = next(iter(inside.values()))
             waiting_for.extend(missing)
-            findings.append(f"{g} #{frontier} ({c0['op']}, {c0['bytes']} B): rank(s) {_ranks(sorted(inside))} "
+            findings.append(f"group {g} seq {frontier} ({c0['op']}, {c0['bytes']} B): rank(s) {_ranks(sorted(inside))} "
                             f"wait in it for {max(c['for_s'] for c in inside.values()):.1f} s; rank(s) "
                             f"{_ranks(missing)} never issued it: the others wait for them")
     if not groups:

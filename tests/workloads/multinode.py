@@ -8,8 +8,9 @@ known ways:
 --late-rank R --late-ms T   rank R sleeps T ms before every blocking all_reduce
 --slow-rank R --slow-ms T   rank R sleeps T ms inside its forward (a slow node)
 --skip-rank R --skip-at S   rank R skips the blocking all_reduce of step S
-                            (the others hang in it: a collective missing on a rank)
---mismatch-rank R --mismatch-at S   rank R reduces twice the bytes at step S
+                            (with --sync-like-grads the ranks run on shifted by one
+                            collective; with --linger-s the others then hang)
+--mismatch-rank R --mismatch-at S   rank R reduces float64 (same bytes) at step S
 Each rank writes rank<N>.json (own issue times of the blocking all_reduce on
 the wall clock, which time namespaces leave alone: the truth the clock tests
 compare with), its rank and host into --result-dir.
@@ -33,12 +34,19 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--sync-bytes", type=int, default=4096)
+    p.add_argument("--sync-like-grads", action="store_true",
+                   help="the blocking all_reduce has as many elements as the gradients (so that a rank that "
+                        "skips one pairs its next DDP bucket with the others' sync: the job runs on, shifted, "
+                        "and hangs at the end, as real skipped collectives do)")
     p.add_argument("--late-rank", type=int, default=-1)
     p.add_argument("--late-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--skip-rank", type=int, default=-1)
     p.add_argument("--skip-at", type=int, default=-1)
+    p.add_argument("--linger-s", type=float, default=0.0,
+                   help="the skipping rank then stays alive this long before its last collective (as a rank "
+                        "busy with something else would): the others hang waiting for it")
     p.add_argument("--mismatch-rank", type=int, default=-1)
     p.add_argument("--mismatch-at", type=int, default=-1)
     p.add_argument("--result-dir", default=None)
@@ -55,6 +63,8 @@ def main():
     if a.slow_ms and rank == a.slow_rank:
         model[0].register_forward_pre_hook(lambda m, inp: time.sleep(a.slow_ms / 1e3))
     ddp = nn.parallel.DistributedDataParallel(model)
+    if a.sync_like_grads:
+        a.sync_bytes = 4 * sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)
     issues = []
@@ -69,10 +79,14 @@ def main():
             time.sleep(a.late_ms / 1e3)
         if rank == a.skip_rank and step == a.skip_at:
             continue
-        n = a.sync_bytes // 4 * (2 if rank == a.mismatch_rank and step == a.mismatch_at else 1)
-        sync = torch.ones(n)
+        if rank == a.mismatch_rank and step == a.mismatch_at:
+            sync = torch.ones(a.sync_bytes // 8, dtype=torch.float64)   # same bytes, other dtype
+        else:
+            sync = torch.ones(a.sync_bytes // 4)
         issues.append(time.time_ns())  # CLOCK_REALTIME: not shifted by time namespaces
         dist.all_reduce(sync)
+    if rank == a.skip_rank and a.linger_s:
+        time.sleep(a.linger_s)
     if a.result_dir:
         with open(os.path.join(a.result_dir, f"rank{rank}.json"), "w") as fh:
             json.dump({"rank": rank, "world": world, "host": socket.gethostname(), "issues_ns": issues}, fh)
