@@ -138,7 +138,7 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple]) -> pd.DataFrame:
 def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple, guess: int):
     a = pairs[pairs["dom"] == ref].set_index(["group", "seq"])
     b = pairs[pairs["dom"] == d].set_index(["group", "seq"])
-    j = a.join(b, lsuffix="_a", rsuffix="_b", how="inner")
+    j = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("_a", "_b"))
     if j.empty:
         return None
     lo = float((j["max_start_a"] - j["min_end_b"]).max())

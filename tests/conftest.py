@@ -114,3 +114,32 @@ def record(tmp_path):
         return proc, out
 
     return _record
+
+
+# -- the one-machine cluster (tests/cluster/) --------------------------------
+@pytest.fixture(scope="session")
+def cluster_available():
+    sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+    import cluster as _cluster
+
+    reason = _cluster.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    return _cluster
+
+
+@pytest.fixture
+def make_cluster(cluster_available):
+    """make_cluster(n, rate_mbit=None, ...) -> an up Cluster, torn down after the test."""
+    made = []
+
+    def make(n, **kw):
+        c = cluster_available.Cluster(n, **kw).up()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.down()
+    leftover = [n.ns for c in made for n in c.nodes if os.path.exists(f"/run/netns/{n.ns}")]
+    assert not leftover, f"namespaces left behind: {leftover}"

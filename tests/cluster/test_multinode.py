@@ -1,0 +1,196 @@
+"""Multi-node recording on the one-machine cluster: every node its own
+hostname, its own CLOCK_MONOTONIC (1,000 s apart) and a real link."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import commprof
+from conftest import ROOT, commprof_cmd, venv_env
+
+pytestmark = pytest.mark.slow
+
+PY = sys.executable
+MULTI = os.path.join(ROOT, "tests", "workloads", "multinode.py")
+
+
+def torchrun_on(c, node, port, script_args, nproc=1):
+    return [PY, "-m", "torch.distributed.run", "--nnodes", str(len(c.nodes)), "--node-rank", str(node.index),
+            "--nproc-per-node", str(nproc), "--master-addr", c.nodes[0].addr, "--master-port", str(port),
+            MULTI, *script_args]
+
+
+def run_nodes(c, make_cmd, env_of=lambda n: {}, timeout=240):
+    """Start make_cmd(node) on every node at once; wait for all."""
+    procs = []
+    for n in c.nodes:
+        env = venv_env({"GLOO_SOCKET_IFNAME": "eth0", **env_of(n)})
+        procs.append(n.popen(make_cmd(n), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True))
+    outs = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    return procs, outs
+
+
+_port = [29600]
+
+
+def next_port():
+    _port[0] += 7
+    return _port[0]
+
+
+def test_cluster_nodes_have_own_hostname_clock_and_link(make_cluster):
+    c = make_cluster(2, rate_mbit=100)
+    probe = "import socket, time; print(socket.gethostname(), time.monotonic(), time.time())"
+    seen = [n.run([PY, "-c", probe]).stdout.split() for n in c.nodes]
+    assert [s[0] for s in seen] == ["node0", "node1"]
+    mono_gap = float(seen[1][1]) - float(seen[0][1])
+    wall_gap = float(seen[1][2]) - float(seen[0][2])
+    assert abs((mono_gap - wall_gap) - 1000.0) < 0.5
+    # the link carries about its configured rate (tbf), node to node
+    srv = c.nodes[1].popen([PY, "-c", (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind(('0.0.0.0', 5601)); s.listen(1); print('ready', flush=True); a, _ = s.accept()\n"
+        "n = 0; t = None\n"
+        "while True:\n"
+        "    b = a.recv(1 << 20)\n"
+        "    if t is None: t = time.monotonic()\n"
+        "    if not b: break\n"
+        "    n += len(b)\n"
+        "print(n * 8 / (time.monotonic() - t) / 1e6)\n")], stdout=subprocess.PIPE, text=True)
+    assert srv.stdout.readline().strip() == "ready"
+    send = c.nodes[0].run([PY, "-c", f"import socket; s = socket.create_connection(('{c.nodes[1].addr}', 5601)); "
+                                     "s.sendall(b'x' * 12_500_000); s.close()"], timeout=60)
+    assert send.returncode == 0, send.stderr
+    mbit = float(srv.communicate(timeout=60)[0].split()[-1])
+    assert 80 <= mbit <= 105, mbit
+
+
+def _sync_instances(trace, rank_results):
+    """Per blocking all_reduce: the recorded arrival skew (report's alignment)
+    and the truth from the ranks' own wall-clock issue times (CLOCK_REALTIME
+    is one clock on this machine, time namespaces only shift MONOTONIC)."""
+    analysis = trace.analysis()
+    inst = analysis.colls.instances().set_index(["group", "seq"])
+    ev = trace.events()
+    sync = ev[(ev["category"] == "comm") & (ev["source"] == "torch.distributed") & (ev["name"] == "all_reduce")
+              & (ev["rank"] == 0)].sort_values("seq")
+    truth = np.abs(np.array(rank_results[1]["issues_ns"], np.int64) - np.array(rank_results[0]["issues_ns"], np.int64)) / 1e6
+    pairs = []
+    for k, (_, row) in enumerate(sync.iterrows()):
+        key = (str(row["group"]), int(row["seq"]))
+        if key in inst.index and k < len(truth):
+            pairs.append((float(inst.loc[key, "skew_ms"]), float(truth[k])))
+    return analysis, pairs
+
+
+def _results(folder):
+    out = {}
+    for name in os.listdir(folder):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(folder, name)) as fh:
+                r = json.load(fh)
+            out[r["rank"]] = r
+    return out
+
+
+def test_shared_folder_with_offset_clocks_and_a_wrong_wall_clock(make_cluster, tmp_path):
+    """Pattern (b): one commprof record per node into one folder; node1's
+    monotonic clock is 1,000 s ahead and its wall clock 7 ms off; rank 1
+    arrives 30 ms late at every blocking all_reduce."""
+    c = make_cluster(2)
+    out, res = str(tmp_path / "rec"), tmp_path / "res"
+    res.mkdir()
+    port = next_port()
+    procs, outs = run_nodes(
+        c, lambda n: commprof_cmd("record", "-o", out, "--", *torchrun_on(
+            c, n, port, ["--steps", "14", "--late-rank", "1", "--late-ms", "30", "--result-dir", str(res)])),
+        env_of=lambda n: {"COMMPROF_TEST_WALL_ERROR_MS": "7"} if n.index == 1 else {})
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    errs = "".join(e for _, e in outs)
+    assert errs.count("trace.parquet") == 1           # merged once, by the last node
+    t = commprof.load(out)
+    assert t.meta["world_size"] == 2 and t.meta["ranks_recorded"] == 2
+    assert sorted(m["host"] for m in t.ranks) == ["node0", "node1"]
+    assert sorted(m["node_rank"] for m in t.ranks) == [0, 1]
+    assert len({m["run_id"] for m in t.ranks}) == 1
+    analysis, pairs = _sync_instances(t, _results(str(res)))
+    assert len(pairs) >= 10
+    for skew, truth in pairs:
+        assert abs(skew - truth) <= 2.0, pairs
+    assert 25 <= np.median([p[1] for p in pairs]) <= 40
+    clocks = analysis.clocks.set_index("host")
+    # the 1,000 s offset found, the injected 7 ms wall-clock error corrected
+    assert abs(clocks.loc["node1", "offset_ms"] + 1_000_000.0) < 1.0
+    assert abs(clocks.loc["node1", "correction_ms"] + 7.0) < 1.0
+    assert clocks.loc["node1", "violations"] == 0
+    lo, hi = clocks.loc["node1", ["feasible_lo_ms", "feasible_hi_ms"]]
+    assert lo <= clocks.loc["node1", "offset_ms"] <= hi
+    rep = t.report()
+    assert {"clocks", "nodes", "scope"} <= set(rep.tables)
+    scope = rep.tables["scope"].frame
+    assert set(scope["scope"]) == {"inter-node"}
+    finds = rep.tables["bottlenecks"].frame["finding"]
+    assert finds.str.contains("slow node: node1").any()
+
+
+def test_per_node_folders_are_one_job_and_a_slow_node_is_named(make_cluster, tmp_path):
+    """Pattern (c): one folder per node, reported together as the one job
+    they are; node1's rank is slowed in its forward."""
+    c = make_cluster(2)
+    port = next_port()
+    outs_dirs = [str(tmp_path / f"node{k}") for k in range(2)]
+    procs, outs = run_nodes(
+        c, lambda n: commprof_cmd("record", "-o", outs_dirs[n.index], "--", *torchrun_on(
+            c, n, port, ["--steps", "12", "--slow-rank", "1", "--slow-ms", "25"])))
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    ids = {commprof.load(d).meta["run_id"] for d in outs_dirs}
+    assert ids == {f"torchrun-{c.nodes[0].addr}:{port}"}
+    t = commprof.load(outs_dirs)
+    assert isinstance(t, commprof.api.Trace)          # one job, not a comparison
+    assert t.meta["ranks_recorded"] == 2
+    rep = t.report()
+    bd = rep.tables["breakdown"].frame
+    assert len(bd) == 1 and int(bd["gpus"].iloc[0]) == 2
+    nodes = rep.tables["nodes"].frame.set_index("host")
+    assert nodes.loc["node1", "work_ms"] > nodes.loc["node0", "work_ms"] + 15
+    finds = rep.tables["bottlenecks"].frame
+    slow = finds[finds["finding"].str.startswith("slow node")]
+    assert list(slow["finding"]) == ["slow node: node1 (ranks 1)"]
+    # the command line reports the two folders as one job too
+    from conftest import run
+    proc = run(commprof_cmd("report", *outs_dirs))
+    assert proc.returncode == 0, proc.stderr
+    assert "slow node: node1" in proc.stdout
+
+
+def test_busbw_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_path):
+    """Large all_reduces across a 200 Mbit/s link: the busbw the report shows
+    is within 20 % of the link rate (25 MB/s): a 2-rank ring moves S bytes
+    per rank over its link, and busbw = S / t for n = 2."""
+    c = make_cluster(2, rate_mbit=200)
+    out = str(tmp_path / "rec")
+    port = next_port()
+    procs, outs = run_nodes(
+        c, lambda n: commprof_cmd("record", "-o", out, "--", *torchrun_on(
+            c, n, port, ["--steps", "6", "--sync-bytes", str(4 << 20)])), timeout=300)
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    colls = commprof.load(out).report().tables["collectives"].frame
+    big = colls[(colls["op"] == "all_reduce") & (colls["bytes_per_call"] >= (4 << 20))]
+    assert len(big) == 1, colls
+    busbw = float(big["busbw_GBps"].iloc[0])
+    print(f"busbw {busbw:.4f} GB/s on a 0.025 GB/s link")
+    assert 0.8 * 0.025 <= busbw <= 1.2 * 0.025, busbw
