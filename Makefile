@@ -38,6 +38,7 @@ demo: $(BASE)
 	$(VENV)/bin/commprof report $(DEMO_DIR) --out-dir $(DEMO_DIR)/report
 
 test: $(STAMP)
+	bash .ci/install_system.sh
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/commprof/torch_extensions}" \
 		$(PY) -m pytest $(PYTEST_ARGS)
 

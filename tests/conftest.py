@@ -143,3 +143,18 @@ def make_cluster(cluster_available):
         c.down()
     leftover = [n.ns for c in made for n in c.nodes if os.path.exists(f"/run/netns/{n.ns}")]
     assert not leftover, f"namespaces left behind: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def local_slurm(tmp_path_factory):
+    """A real one-node SLURM (munged, slurmctld, slurmd) for the session."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+    import slurm as _slurm
+
+    reason = _slurm.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    s = _slurm.LocalSlurm(str(tmp_path_factory.mktemp("slurm")))
+    s.up()
+    yield s
+    s.down()

@@ -334,6 +334,7 @@ class Recorder:
             "rank_source": info.source, "host": self.host, "pid": self.pid,
             "launcher": self.config.launcher, "run_id": self.config.run_id,
             "node_rank": _node_rank(), "record_pid": _record_pid(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "clock": {"wall_ns_at_start": wall0, "mono_ns_at_start": mono0,
                       "wall_ns_at_end": time.time_ns(), "mono_ns_at_end": now(),
                       "boot_id": _boot_id()},

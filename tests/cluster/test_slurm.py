@@ -1,0 +1,53 @@
+"""commprof under a real (local, one-node) SLURM: srun inside commprof
+record, and commprof record inside srun (one per task, one shared folder)."""
+import os
+import sys
+
+import pytest
+
+import commprof
+from conftest import ROOT, commprof_cmd, run, venv_env
+
+pytestmark = pytest.mark.slow
+
+PY = sys.executable
+MULTI = os.path.join(ROOT, "tests", "workloads", "multinode.py")
+
+
+def test_record_around_srun(local_slurm, tmp_path):
+    """Pattern (a): one commprof record on the launch node around srun; the
+    ranks come from SLURM_PROCID (the script maps them for env://)."""
+    out = str(tmp_path / "rec")
+    env = local_slurm.env(venv_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29711"}))
+    proc = run(commprof_cmd("record", "-o", out, "--", "srun", "-n", "2", PY, MULTI, "--steps", "6"),
+               env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = commprof.load(out)
+    assert t.meta["world_size"] == 2 and t.meta["ranks_recorded"] == 2
+    assert t.meta["launcher"] == "srun"
+    assert sorted(m["rank"] for m in t.ranks) == [0, 1]
+    assert all(m["node_rank"] == 0 for m in t.ranks)       # SLURM_NODEID
+    jobs = {m["slurm_job_id"] for m in t.ranks}
+    assert len(jobs) == 1 and jobs.pop().isdigit()
+    assert t.report().tables["breakdown"].frame["gpus"].tolist() == [2]
+
+
+def test_srun_starts_one_record_per_task_around_torchrun(local_slurm, tmp_path):
+    """Pattern (b) under SLURM: srun starts one commprof record per task, each
+    around its own torchrun agent (node rank = SLURM_PROCID), all writing one
+    folder; the records know from srun that they are two, and the last one
+    merges."""
+    out = str(tmp_path / "rec")
+    env = local_slurm.env(venv_env())
+    script = (f'exec {PY} -m commprof record -o {out} -- {PY} -m torch.distributed.run --nnodes 2 '
+              f'--node-rank $SLURM_PROCID --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29733 '
+              f'{MULTI} --steps 6')
+    proc = run(["srun", "-n", "2", "bash", "-c", script], env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("trace.parquet") == 1
+    t = commprof.load(out)
+    assert t.meta["ranks_recorded"] == 2 and t.meta["world_size"] == 2
+    ids = {m["run_id"] for m in t.ranks}
+    assert len(ids) == 1 and ids.pop().startswith("slurm-")
+    assert sorted(m["node_rank"] for m in t.ranks) == [0, 1]     # torchrun's GROUP_RANK
+    assert len({m["record_pid"] for m in t.ranks}) == 2
