@@ -1,0 +1,93 @@
+"""Clock alignment from collectives, per-node views (synthetic, exact inputs)."""
+import numpy as np
+import pandas as pd
+
+from commprof.analyzers import clocks, nodes
+
+S = 1_000_000_000
+
+
+def metas(wall_error_ns=0, hosts=("a", "b"), offset_ns=1000 * S):
+    out = []
+    for r, h in enumerate(hosts):
+        mono0 = 5 * S + (offset_ns if h == "b" else 0)
+        wall0 = 1_700_000_000 * S + (wall_error_ns if h == "b" else 0)
+        out.append({"rank": r, "host": h, "clock": {"boot_id": "same", "mono_ns_at_start": mono0,
+                                                   "wall_ns_at_start": wall0}})
+    return out
+
+
+def comm_rows(offset_ns=1000 * S, late_ns=30_000_000, n=40, seed=0):
+    """Blocking all_reduces: rank 1 (host b, clock ahead by offset) issues
+    late; both complete within 50 µs of each other, 2 ms after the last issue."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    t = 10 * S
+    for k in range(n):
+        issue0 = t
+        issue1 = t + late_ns
+        end = issue1 + 2_000_000
+        e0, e1 = end + rng.integers(0, 50_000), end + rng.integers(0, 50_000)
+        rows.append((0, "g", k, issue0, e0, True))
+        rows.append((1, "g", k, issue1 + offset_ns, e1 + offset_ns, True))
+        t += 100_000_000
+    return pd.DataFrame(rows, columns=["rank", "group", "seq", "t_start", "t_end", "blocking"])
+
+
+def test_offset_found_and_wall_clock_error_corrected():
+    offsets, table = clocks.align(comm_rows(), metas(wall_error_ns=7_000_000))
+    t = table.set_index("host")
+    # truth: add -1000 s to host b's times
+    assert abs(offsets[1] + 1000 * S) < 100_000            # within 0.1 ms
+    assert offsets[0] == 0
+    assert abs(t.loc["b", "correction_ms"] + 7.0) < 0.1
+    assert t.loc["b", "feasible_lo_ms"] <= -1_000_000.0 <= t.loc["b", "feasible_hi_ms"]
+    assert t.loc["b", "violations"] == 0 and t.loc["b", "instances"] == 40
+    assert t.loc["b", "uncertainty_ms"] < 0.05
+    assert t.loc["a", "method"] == "reference"
+
+
+def test_causality_violations_are_counted_for_a_bad_offset():
+    comm = comm_rows()
+    pairs = clocks._instances(comm, {0: ("a", "same"), 1: ("b", "same")})
+    # host b's times put 40 ms too late: rank 1 seems to issue after rank 0
+    # completed, in every instance
+    bad = {0: 0, 1: -1000 * S + 40_000_000}
+    assert clocks._violations(pairs, bad, {0: ("a", "same"), 1: ("b", "same")}, ("a", "same")) == 40
+
+
+def test_without_shared_collectives_the_wall_clock_is_kept():
+    offsets, table = clocks.align(None, metas(wall_error_ns=7_000_000))
+    assert offsets[1] == -1000 * S + 7_000_000
+    assert table.set_index("host").loc["b", "method"].startswith("wall clock")
+
+
+def test_one_host_needs_no_alignment():
+    offsets, table = clocks.align(comm_rows(offset_ns=0), metas(hosts=("a", "a")))
+    assert offsets == {} and table.empty
+
+
+def test_scope_split_and_slow_host():
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    comm = pd.DataFrame({
+        "rank": [0, 1, 2, 3, 0, 1],
+        "name": ["all_reduce"] * 6,
+        "group": ["world"] * 4 + ["node_a"] * 2,
+        "group_size": [4] * 4 + [2] * 2,
+        "t_start": [0] * 6, "t_end": [1_000_000] * 6, "bytes": [1e6] * 6,
+    })
+    sc = nodes.scope_table(comm, hosts).set_index("scope")
+    assert sc.loc["inter-node", "calls"] == 4 and sc.loc["intra-node", "calls"] == 2
+    # busbw = S/t * 2(n-1)/n: 1e6 B / 1 ms = 1 GB/s; x 1.5 (n = 4), x 1 (n = 2)
+    assert abs(sc.loc["inter-node", "busbw_GBps"] - 1.5) < 1e-9
+    assert abs(sc.loc["intra-node", "busbw_GBps"] - 1.0) < 1e-9
+    steps = pd.DataFrame({"rank": [0, 1, 2, 3] * 3, "step": np.repeat([1, 2, 3], 4),
+                          "step_time": [100e6] * 12, "comm": [40e6, 40e6, 10e6, 10e6] * 3,
+                          "data": [0.0] * 12, "compute": [50e6] * 12})
+    late = pd.DataFrame({"rank": [0, 1, 2, 3], "lateness_ms": [0, 0, 30, 30], "last_pct": [0, 0, 50, 50]})
+    t = nodes.per_host(steps, late, hosts, comm)
+    assert list(t["host"]) == ["a", "b"]
+    assert list(t["work_ms"]) == [60.0, 90.0]
+    slow = nodes.slow_host(t)
+    assert slow["host"] == "b" and slow["ranks"] == "2-3" and "+30.0 ms" in slow["evidence"]
+    assert nodes.slow_host(t.assign(work_ms=[60.0, 61.0], last_pct=[0, 10])) is None
