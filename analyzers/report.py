@@ -210,6 +210,49 @@ def build_report(runs, warmup: int = 1):
     return report
 
 
+MODEL_TABLE_COLUMNS = [
+    ("trace", "trace", ""), ("op", "collective", ""), ("dtype", "type", ""), ("group_size", "ranks", "d"),
+    ("scope", "scope", ""), ("from_bytes", "from B", ",.0f"), ("to_bytes", "to B", ",.0f"),
+    ("alpha_us", "alpha us", ".2f"), ("beta_GBps", "beta GB/s", ".4f"), ("r2", "R^2", ".4f"),
+    ("max_rel_residual", "max rel. residual", ".3f"), ("points", "sizes", "d"), ("calls", "calls", "d"),
+]
+AGREE_TABLE_COLUMNS = [
+    ("trace", "trace", ""), ("against", "against", ""), ("op", "collective", ""), ("dtype", "type", ""),
+    ("sizes", "sizes", "d"), ("median_rel_diff_pct", "median diff %", ".1f"),
+    ("max_rel_diff_pct", "max diff %", ".1f"), ("verdict", "verdict", ""),
+]
+BENCH_TABLE_COLUMNS = [
+    ("trace", "trace", ""), ("op", "collective", ""), ("dtype", "type", ""), ("bytes", "size B", ",d"),
+    ("mode", "mode", ""), ("calls", "calls", "d"), ("time_us", "time us", ".2f"), ("median_us", "median us", ".2f"),
+    ("algbw_GBps", "algbw GB/s", ".4f"), ("busbw_GBps", "busbw GB/s", ".4f"),
+]
+
+
+def model_report(fits: List[tuple], against: List[tuple] = (), bench_rows: List[tuple] = ()) -> Report:
+    """``commprof model`` (and ``commprof report`` of bench traces): the
+    alpha-beta fit of each trace, agreement with given models, and the
+    benchmark's nccl-tests rows."""
+    from .model import agreement, model_frame
+
+    frames = [model_frame(m).assign(trace=name) for name, m in fits]
+    tables = {"model": Table("Alpha-beta fit per collective: T(S) = alpha + S / beta",
+                             pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(),
+                             MODEL_TABLE_COLUMNS)}
+    agree = [agreement(m, ref).assign(trace=name, against=ref_name) for name, m in fits for ref_name, ref in against]
+    if agree:
+        tables["agreement"] = Table("Agreement of the fits (predicted times at the trace's message sizes)",
+                                    pd.concat(agree, ignore_index=True), AGREE_TABLE_COLUMNS)
+    if bench_rows:
+        tables["bench"] = Table("Benchmark (time = mean over calls of the slowest rank; nccl-tests factors)",
+                                pd.DataFrame([dict(r, trace=name) for name, rows in bench_rows for r in rows]),
+                                BENCH_TABLE_COLUMNS)
+    notes = [m["note"] for _, m in fits if m.get("note")]
+    notes.append("Per collective instance the time is the slowest rank's; points are median times per message "
+                 "size; fit by least squares on relative residuals, split at the protocol switch when one line "
+                 "leaves a residual above 25 %.")
+    return Report(title="commprof model", tables=tables, notes=notes)
+
+
 DIFF_COLUMNS = [("what", "what", ""), ("metric", "metric", ""), ("a", "A", ",.3f"), ("b", "B", ",.3f"),
                 ("delta", "B - A", "+,.3f"), ("delta_pct", "change %", "+.1f")]
 

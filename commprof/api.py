@@ -297,8 +297,78 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
     ``commprof report`` prints is this report."""
     from .analyzers.report import build_report
 
-    runs = [t.analysis(warmup, batch_size, group_by, chunk_rows) for t in join_jobs([_one(p) for p in paths])]
+    traces = join_jobs([_one(p) for p in paths])
+    if traces and all(is_bench(t) for t in traces):
+        return model(traces), []
+    if any(is_bench(t) for t in traces):
+        from .errors import UsageError
+
+        raise UsageError("benchmark traces (commprof bench -o) are reported on their own, not beside training runs")
+    runs = [t.analysis(warmup, batch_size, group_by, chunk_rows) for t in traces]
     return build_report(runs, warmup), runs
+
+
+def _comm_frame(t: "Trace") -> pd.DataFrame:
+    ev = t.filter(categories=["comm"]).events(["rank", "name", "source", "detail", "t_start", "t_end", "dev_start",
+                                               "dev_end", "bytes", "dtype", "group", "group_size", "seq",
+                                               "blocking"])
+    return ev
+
+
+def is_bench(t: "Trace") -> bool:
+    return t.meta.get("source") == "bench"
+
+
+def fit_model(p: PathLike) -> dict:
+    """The alpha-beta model of one trace's collectives (``commprof model``)."""
+    from .analyzers.model import fit_trace
+
+    t = _one(p)
+    hosts = {int(m["rank"]): str(m.get("host")) for m in t.ranks if "rank" in m}
+    m = fit_trace(_comm_frame(t), hosts)
+    m.update({"world_size": t.meta.get("world_size"), "source": "bench trace" if is_bench(t) else "trace",
+              "trace": t.path})
+    return m
+
+
+def model(paths: Sequence[PathLike], against: Sequence[str] = ()):
+    """``commprof model``'s report: each trace's fit, agreement with the given
+    models (``commprof bench --model`` JSON files or other traces)."""
+    import json
+
+    from .analyzers.collectives import bus_factor
+    from .analyzers.model import bench_doc
+    from .analyzers.report import model_report
+    from .errors import UsageError
+
+    fits, benches = [], []
+    for p in paths:
+        t = _one(p)
+        fits.append((t.path, fit_model(t)))
+        if is_bench(t):
+            doc = bench_doc(_comm_frame(t), t.meta)
+            rows = []
+            for r in doc["rows"]:
+                for mode in ("out_of_place", "in_place"):
+                    m = r.get(mode)
+                    if m:
+                        alg = r["bytes"] / (m["time_us"] * 1e-6) / 1e9
+                        rows.append({"op": r["op"], "dtype": r["dtype"], "bytes": r["bytes"], "mode": mode,
+                                     "calls": m["calls"], "time_us": m["time_us"], "median_us": m["median_us"],
+                                     "algbw_GBps": alg,
+                                     "busbw_GBps": float(alg * bus_factor(r["op"], doc["world_size"]))})
+            benches.append((t.path, rows))
+    refs = []
+    for a in against:
+        if str(a).endswith(".json"):
+            try:
+                with open(a) as fh:
+                    refs.append((str(a), json.load(fh)))
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"{a}: not a model JSON file ({exc})")
+        else:
+            refs.append((str(a), fit_model(a)))
+    return model_report(fits, refs, benches)
 
 
 def diff(a: PathLike, b: PathLike, warmup: int = 1) -> pd.DataFrame:

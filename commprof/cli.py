@@ -98,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--group-by", default=None, metavar="KEYS",
                      help="comma-separated metadata keys that define a configuration "
                           "(default: framework,loader,model,batch_size + labels)")
+    md = sub.add_parser("model", help="alpha-beta model of a trace's collectives",
+                        description="Fit T(S) = alpha + S / beta per collective from any trace (a training run "
+                                    "or a commprof bench -o trace); with --against, say how well it agrees with "
+                                    "another model (commprof bench --model JSON, or another trace).")
+    md.add_argument("traces", nargs="+", metavar="TRACE")
+    md.add_argument("--against", action="append", default=[], metavar="MODEL",
+                    help="a model JSON (commprof bench --model) or a trace to compare with (repeatable)")
+    md.add_argument("--json", metavar="FILE", default=None, help="write the first trace's fitted model (JSON)")
+    md.add_argument("--format", choices=FORMATS, default="table")
+
     ex = sub.add_parser("export", help="write a timeline for other viewers")
     esub = ex.add_subparsers(dest="format", parser_class=_Parser)
     ch = esub.add_parser("chrome", help="Perfetto / chrome://tracing JSON (Kineto layout, HTA-loadable)",
@@ -133,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also split the largest all_reduces into k = 1..64 async chunks")
     bn.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
     bn.add_argument("--model", metavar="FILE", default=None, help="fit and write the alpha-beta model")
+    bn.add_argument("-o", "--output", metavar="DIR", default=None,
+                    help="also write every timed call as a commprof trace (DIR/trace.parquet, source 'bench') "
+                         "that report and model read like any run")
     bn.add_argument("cmd", nargs=argparse.REMAINDER, help="-- LAUNCHER [ARGS...] (instead of --nproc)")
 
     imp = sub.add_parser("import", help="convert other profilers' traces into a commprof trace")
@@ -166,6 +179,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_record(args)
         if args.command == "merge":
             return cmd_merge(args)
+        if args.command == "model":
+            return cmd_model(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "import":
@@ -216,6 +231,21 @@ def cmd_record(args) -> int:
                 simulate_device_lag_ms=args.simulate_device_lag_ms, nodes=args.nodes, run_id=args.run_id,
                 hang_timeout=args.hang_timeout, hang_kill=args.hang_kill)
     return exit_like(rc)
+
+
+def cmd_model(args) -> int:
+    import json
+
+    from . import render
+    from .api import fit_model, model
+    from .trace.files import atomic_write
+
+    sys.stdout.write(render.get(args.format).render(model(args.traces, args.against)))
+    if args.json:
+        m = fit_model(args.traces[0])
+        m.pop("pieces", None)
+        atomic_write(args.json, json.dumps(m, indent=1, default=str))
+    return 0
 
 
 def cmd_merge(args) -> int:

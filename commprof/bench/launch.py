@@ -90,6 +90,25 @@ def extras_table(doc: Dict[str, Any]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def _merge_bench(out_dir: str, doc: Dict[str, Any], cmd: List[str]) -> None:
+    """The ranks' shards -> DIR/trace.parquet (source ``bench``), plus DIR/bench.json."""
+    import shutil
+    import time
+    import uuid
+
+    from ..assemble import merge
+    from ..trace.parquet import TRACE_FILE
+
+    shard_dir = os.path.join(out_dir, "shards")
+    base = {"source": "bench", "run_id": uuid.uuid4().hex[:12], "command": cmd, "launcher": "bench",
+            "backend": doc.get("backend"), "device": doc.get("device"), "framework": "bench",
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    merge(shard_dir, os.path.join(out_dir, TRACE_FILE), base)
+    shutil.rmtree(shard_dir, ignore_errors=True)
+    atomic_write(os.path.join(out_dir, "bench.json"), json.dumps(doc, indent=1))
+    sys.stderr.write(f"commprof: bench trace -> {os.path.join(out_dir, TRACE_FILE)}\n")
+
+
 def bench(args) -> int:
     from ..convert.nccltests import table
 
@@ -100,6 +119,12 @@ def bench(args) -> int:
         out = os.path.join(tmp, "bench.json")
         wargs = ["--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
                  "--dtypes", args.dtypes, "--warmup", str(args.warmup), "--iters", str(args.iters), "--out", out]
+        out_dir = os.path.abspath(args.output) if getattr(args, "output", None) else None
+        if out_dir:
+            from ..record.launcher import prepare_out_dir
+
+            prepare_out_dir(out_dir)
+            wargs += ["--trace-dir", os.path.join(out_dir, "shards")]
         wargs += ["--overlap"] if args.overlap else []
         wargs += ["--pipeline"] if args.pipeline else []
         cmd = worker_command(launcher, args.nproc, wargs)
@@ -117,6 +142,8 @@ def bench(args) -> int:
         with open(out) as fh:
             doc = json.load(fh)
     doc["source"] = "bench"
+    if out_dir:
+        _merge_bench(out_dir, doc, cmd)
     sys.stdout.write(table(doc))
     sys.stdout.write(extras_table(doc))
     if args.json:

@@ -236,6 +236,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--backend", default="auto")
     p.add_argument("--out", required=True, help="rank 0 writes the results (JSON) here")
+    p.add_argument("--trace-dir", default=None,
+                   help="every rank writes its timed calls here as a commprof shard (source 'bench')")
     p.add_argument("--overlap", action="store_true",
                    help="also: blocking vs non-blocking all_reduce overlapped with compute (OSU-style)")
     p.add_argument("--pipeline", action="store_true",
@@ -254,13 +256,22 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     max_bytes = args.max_bytes or ((4 << 30) if device.type == "cuda" else (64 << 20))
+    wall0, mono0 = time.time_ns(), time.monotonic_ns()
     results = []
+    events = []          # (op, detail, t0 ns, t1 ns, bytes, dtype, seq) of every timed call
+    seq = [0]
 
-    def timed(case, iters):
+    def note(case, mode, spans):
+        for t0, t1 in spans:
+            events.append((case.op, mode, t0, t1, case.nbytes, str(case.dtype), seq[0]))
+            seq[0] += 1
+
+    def timed(case, iters, mode):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             dist.barrier()
+            host0 = time.monotonic_ns()
             start.record()
             for _ in range(iters):
                 case.run()
@@ -268,15 +279,22 @@ def main(argv=None) -> int:
             end.synchronize()
             sec = start.elapsed_time(end) / 1e3 / iters
             med = sec
+            # one event per call, each the mean device time (CUDA events around the loop)
+            step = int(sec * 1e9)
+            note(case, mode, [(host0 + i * step, host0 + (i + 1) * step) for i in range(iters)])
         else:
             dist.barrier()
             each = []
+            spans = []
             for _ in range(iters):
-                t0 = time.perf_counter()
+                t0 = time.monotonic_ns()
                 case.run()
-                each.append(time.perf_counter() - t0)
+                t1 = time.monotonic_ns()
+                spans.append((t0, t1))
+                each.append((t1 - t0) / 1e9)
             sec = sum(each) / iters
             med = sorted(each)[iters // 2]
+            note(case, mode, spans)
         t = torch.tensor([sec, med], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t[0].item()), float(t[1].item())
@@ -307,7 +325,7 @@ def main(argv=None) -> int:
                         continue
                     for _ in range(args.warmup):
                         case.run()
-                    sec, med = timed(case, args.iters)
+                    sec, med = timed(case, args.iters, mode)
                     row[mode] = {"time_us": sec * 1e6, "median_us": med * 1e6, "wrong": checked(case)}
                 if results and results[-1]["op"] == op and results[-1]["bytes"] == row["bytes"] \
                         and results[-1]["dtype"] == row["dtype"]:
@@ -315,6 +333,8 @@ def main(argv=None) -> int:
                 results.append(row)
     overlap = _overlap(torch, dist, device, rank, world, args, max_bytes) if args.overlap else []
     pipeline = _pipeline(torch, dist, device, rank, world, args, max_bytes) if args.pipeline else []
+    if args.trace_dir:
+        _write_shard(args.trace_dir, events, rank, world, local, backend, device, wall0, mono0)
     if rank == 0:
         doc = {"overlap": overlap, "pipeline": pipeline,"backend": backend, "world_size": world, "device": torch.cuda.get_device_name(device)
                if device.type == "cuda" else "cpu", "warmup": args.warmup, "iters": args.iters,
@@ -334,6 +354,33 @@ def main(argv=None) -> int:
         time.sleep(0.001)
     dist.destroy_process_group()
     return 0
+
+
+def _write_shard(folder, events, rank, world, local, backend, device, wall0, mono0) -> None:
+    """This rank's timed calls as a commprof shard: one comm event per call
+    (source ``bench``, detail out_of_place / in_place, group ``bench``)."""
+    import socket
+
+    from commprof.trace.journal import shard_name
+    from commprof.trace.parquet import write_trace
+    from commprof.trace.schema import Event, rows_to_table
+
+    rows = [Event(0, "comm", op, "bench", mode, t0, t1, bytes=nbytes, dtype=dtype, group="bench",
+                  group_size=world, seq=k, blocking=True) for op, mode, t0, t1, nbytes, dtype, k in events]
+    host, pid = socket.gethostname(), os.getpid()
+    meta = {"rank": rank, "world_size": world, "local_rank": local, "host": host, "pid": pid,
+            "rank_source": "bench", "status": "complete", "backend": backend, "device": str(device),
+            "clock": {"wall_ns_at_start": wall0, "mono_ns_at_start": mono0, "boot_id": _boot_id()}}
+    os.makedirs(folder, exist_ok=True)
+    write_trace(rows_to_table(rows, rank), os.path.join(folder, shard_name(rank, host, pid)), {}, [meta])
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

@@ -60,12 +60,14 @@ def table(doc: Dict[str, Any]) -> str:
                 cells.append(f"{'N/A':>8} {'N/A':>7} {'N/A':>7} {'N/A':>6}")
                 continue
             alg, bus = bandwidths(r["op"], r["bytes"], m["time_us"], n)
-            cells.append(f"{m['time_us']:8.2f} {alg:7.2f} {bus:7.2f} {m['wrong']:6d}")
+            wrong = m.get("wrong")
+            cells.append(f"{m['time_us']:8.2f} {alg:7.2f} {bus:7.2f} "
+                         + (f"{wrong:6d}" if wrong is not None else f"{'N/A':>6}"))
         lines.append(f"{r['bytes']:12d} {r['count']:13d} {r['dtype']:>9} {r['redop']:>7} {r['root']:>7} "
                      + " ".join(cells))
     busbws = [bandwidths(r["op"], r["bytes"], (r.get("out_of_place") or r.get("in_place"))["time_us"], n)[1]
               for r in doc.get("rows", []) if (r.get("out_of_place") or r.get("in_place"))]
-    wrong = sum((r.get(m) or {}).get("wrong", 0) for r in doc.get("rows", []) for m in ("out_of_place", "in_place"))
+    wrong = sum((r.get(m) or {}).get("wrong") or 0 for r in doc.get("rows", []) for m in ("out_of_place", "in_place"))
     lines += [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
               f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):.4f}" if busbws else "# Avg bus bandwidth    : -",
               "#"]

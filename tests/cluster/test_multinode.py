@@ -194,3 +194,25 @@ def test_busbw_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_path):
     busbw = float(big["busbw_GBps"].iloc[0])
     print(f"busbw {busbw:.4f} GB/s on a 0.025 GB/s link")
     assert 0.8 * 0.025 <= busbw <= 1.2 * 0.025, busbw
+
+
+def test_one_record_around_a_launcher_that_starts_every_node(make_cluster, tmp_path):
+    """Pattern (a): one commprof record on the launch node around a launcher
+    that starts the ranks on the other nodes (here a shell that enters each
+    node, as ssh-based launchers do; the COMMPROF_* variables and PYTHONPATH
+    travel with it, as mpirun -x / srun pass them)."""
+    import shlex
+
+    c = make_cluster(2)
+    out = str(tmp_path / "rec")
+    port = next_port()
+    starts = " & ".join(shlex.join(n.wrap(torchrun_on(c, n, port, ["--steps", "8"]))) for n in c.nodes)
+    proc = subprocess.run(commprof_cmd("record", "-o", out, "--", "bash", "-c", f"{starts} & wait"),
+                          env=venv_env({"GLOO_SOCKET_IFNAME": "eth0"}), cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = commprof.load(out)
+    assert t.meta["ranks_recorded"] == 2
+    assert sorted(m["host"] for m in t.ranks) == ["node0", "node1"]
+    clocks = t.analysis().clocks.set_index("host")
+    assert abs(clocks.loc["node1", "offset_ms"] + 1_000_000.0) < 1.0

@@ -60,3 +60,55 @@ def test_overlap_and_pipelining_modes(tmp_path):
         assert set(map(int, r["time_us_by_k"])) == {1, 2, 4, 8, 16, 32, 64}
         assert r["best_k"] in (1, 2, 4, 8, 16, 32, 64) and r["gain_pct"] >= 0
     assert "overlap %" in proc.stdout and "best k" in proc.stdout
+
+
+def test_bench_trace_is_reported_and_modelled_like_any_run(tmp_path):
+    import commprof
+
+    out, model = tmp_path / "bt", tmp_path / "m.json"
+    proc = run(commprof_cmd("bench", "--nproc", "2", "--ops", "all_reduce,broadcast", "--max-bytes", "64K",
+                            "--iters", "4", "--warmup", "1", "-o", str(out), "--model", str(model)), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = commprof.load(str(out))
+    assert t.meta["source"] == "bench" and t.meta["ranks_recorded"] == 2
+    ev = t.events()
+    assert set(ev["category"]) == {"comm"} and set(ev["source"]) == {"bench"}
+    # every timed call of every rank: 14 sizes (8 B .. 64 KiB) x 4 iterations x modes
+    doc = json.loads((out / "bench.json").read_text())
+    calls = sum(sum(1 for m in ("out_of_place", "in_place") if r[m]) for r in doc["rows"]) * 4
+    assert len(ev) == 2 * calls
+    assert ev.groupby(["group", "seq"]).size().eq(2).all()      # the same call on both ranks
+    rep = run(commprof_cmd("report", str(out)))
+    assert rep.returncode == 0, rep.stderr
+    assert "Alpha-beta fit per collective" in rep.stdout and "Benchmark (time" in rep.stdout
+    m = run(commprof_cmd("model", str(out), "--against", str(model), "--json", str(tmp_path / "fit.json")))
+    assert m.returncode == 0, m.stderr
+    assert "Agreement of the fits" in m.stdout
+    fit = json.loads((tmp_path / "fit.json").read_text())
+    assert set(fit["ops"]) == {"all_reduce", "broadcast"} and "float" in fit["ops"]["all_reduce"]
+    # the trace's own fit and the bench's fit see the same calls: they agree
+    from commprof.api import model as model_report
+
+    agree = model_report([str(out)], [str(model)]).tables["agreement"].frame
+    assert set(agree["op"]) == {"all_reduce", "broadcast"}
+    assert (agree["median_rel_diff_pct"] < 25).all(), agree
+
+
+def test_model_of_a_training_run_and_mixing_is_refused(tmp_path):
+    from conftest import TINY
+
+    out = str(tmp_path / "rec")
+    # small buckets: DDP's all_reduces come in several sizes
+    proc = run(commprof_cmd("record", "-o", out, "--nproc", "2", "--", "python", TINY, "--steps", "6",
+                            "--hidden", "256", "--layers", "3", "--bucket-mb", "0.1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = run(commprof_cmd("model", out, "--format", "json"))
+    assert m.returncode == 0, m.stderr
+    doc = json.loads(m.stdout)
+    rows = doc["tables"]["model"]
+    assert any(r["op"] == "all_reduce" and r["beta_GBps"] > 0 for r in rows), rows
+    b = tmp_path / "bt"
+    assert run(commprof_cmd("bench", "--nproc", "2", "--ops", "all_reduce", "--max-bytes", "1K", "--iters", "2",
+                            "--warmup", "1", "-o", str(b)), timeout=300).returncode == 0
+    mixed = run(commprof_cmd("report", out, str(b)))
+    assert mixed.returncode == 2 and "reported on their own" in mixed.stderr
