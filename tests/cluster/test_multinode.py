@@ -216,3 +216,29 @@ def test_one_record_around_a_launcher_that_starts_every_node(make_cluster, tmp_p
     assert sorted(m["host"] for m in t.ranks) == ["node0", "node1"]
     clocks = t.analysis().clocks.set_index("host")
     assert abs(clocks.loc["node1", "offset_ms"] + 1_000_000.0) < 1.0
+
+
+def test_bench_beta_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_path):
+    """commprof bench's worker on two nodes joined by a 200 Mbit/s link: the
+    fitted beta of all_reduce (2 ranks: algbw = busbw = S / t) is within
+    20 % of the link rate (25 MB/s)."""
+    from commprof.bench.launch import WORKER, model_of
+
+    c = make_cluster(2, rate_mbit=200)
+    out = str(tmp_path / "bench.json")
+    port = next_port()
+
+    def cmd(n):
+        return [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n.index),
+                "--nproc-per-node", "1", "--master-addr", c.nodes[0].addr, "--master-port", str(port), WORKER,
+                "--ops", "all_reduce", "--min-bytes", "256000", "--max-bytes", "4000000",
+                "--iters", "4", "--warmup", "1", "--out", out]
+    procs, outs = run_nodes(c, cmd, timeout=300)
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    with open(out) as fh:
+        doc = json.load(fh)
+    assert all(r["in_place"]["wrong"] == 0 for r in doc["rows"])
+    pieces = model_of(doc)["ops"]["all_reduce"]["float"]
+    beta = pieces[-1]["beta_Bps"]
+    print(f"fitted beta {beta / 1e6:.1f} MB/s on a 25 MB/s link; pieces {pieces}")
+    assert 0.8 * 25e6 <= beta <= 1.2 * 25e6, pieces
