@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     kin.add_argument("-o", "--output", required=True, metavar="TRACE", help="output .parquet")
     kin.add_argument("--rank", type=int, default=None,
                      help="rank of a single trace without distributedInfo (single-GPU traces)")
+    kin.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="convert N rank files at a time in worker processes (default: the cores)")
+    kin.add_argument("--dask", default=None, metavar="ADDRESS",
+                     help="run the per-rank conversions as tasks on this Dask scheduler (tcp://host:8786); "
+                          "the workers must see the input files and the output folder")
     nt = isub.add_parser("nccl-tests", help="nccl-tests logs (all_reduce_perf & co.) as benchmark results",
                          description="Read nccl-tests' text output into commprof bench's JSON form "
                                      "(and an alpha-beta model with --model).")
@@ -262,7 +267,9 @@ def cmd_import(args) -> int:
         raise UsageError("commprof import: choose a format: kineto, nccl-tests")
     from .convert.kineto import import_kineto
 
-    run = import_kineto(args.inputs, args.output, rank=args.rank)
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    run = import_kineto(args.inputs, args.output, rank=args.rank, workers=args.workers or 0, dask=args.dask)
     sys.stderr.write(f"commprof: imported {run.get('ranks_recorded')} rank(s), world size "
                      f"{run.get('world_size')} -> {args.output}\n")
     return 0

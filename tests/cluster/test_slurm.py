@@ -51,3 +51,23 @@ def test_srun_starts_one_record_per_task_around_torchrun(local_slurm, tmp_path):
     assert len(ids) == 1 and ids.pop().startswith("slurm-")
     assert sorted(m["node_rank"] for m in t.ranks) == [0, 1]     # torchrun's GROUP_RANK
     assert len({m["record_pid"] for m in t.ranks}) == 2
+
+
+def test_srun_with_one_folder_per_task_is_reported_as_one_job(local_slurm, tmp_path):
+    """Pattern (c) under SLURM: every srun task records into its own folder;
+    both derive the run id slurm-JOB.STEP, and the report joins them."""
+    env = local_slurm.env(venv_env())
+    script = (f'exec {PY} -m commprof record -o {tmp_path}/node$SLURM_PROCID -- {PY} -m torch.distributed.run '
+              f'--nnodes 2 --node-rank $SLURM_PROCID --nproc-per-node 1 --master-addr 127.0.0.1 '
+              f'--master-port 29755 {MULTI} --steps 6')
+    proc = run(["srun", "-n", "2", "bash", "-c", script], env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folders = [str(tmp_path / f"node{k}") for k in range(2)]
+    ids = {commprof.load(f).meta["run_id"] for f in folders}
+    assert len(ids) == 1 and ids.pop().startswith("slurm-")
+    t = commprof.load(folders)
+    assert isinstance(t, commprof.api.Trace) and t.meta["ranks_recorded"] == 2
+    rep = run(commprof_cmd("report", *folders), env=env)
+    assert rep.returncode == 0, rep.stderr
+    bd = t.report().tables["breakdown"].frame
+    assert len(bd) == 1 and int(bd["gpus"].iloc[0]) == 2

@@ -175,3 +175,108 @@ def test_driver_api_launches_are_joined_to_their_kernels():
     kern = [r for r in rows if r.category == "kernel"]
     assert len(kern) == 1
     assert kern[0].source == "aten::cudnn_convolution" and kern[0].name == "cudnn" and kern[0].step == 4
+
+
+def _frame(table):
+    df = table.to_pandas()
+    return {c: df[c].astype(object).where(df[c].notna(), None).tolist() for c in df.columns}
+
+
+@pytest.mark.parametrize("path", [RESNET, EIGHT])
+def test_columnar_importer_gives_the_same_rows_as_the_row_converter(path):
+    """The fast (msgspec, columnar) path and the general row converter agree
+    on every column of every row of the real fixtures."""
+    from commprof.convert import kineto, kineto_fast
+    from commprof.trace import schema
+
+    rows, meta = kineto.convert(raw(path), path)
+    rows.sort(key=lambda r: (r.t_start, r.t_end))
+    slow = schema.rows_to_table(rows, meta["rank"])
+    fast, fmeta = kineto_fast.convert_file(path)
+    assert fmeta == meta
+    assert _frame(fast) == _frame(slow)
+
+
+def _nccl_doc(with_args):
+    """Newer NCCL kernel names (ncclDevKernel_*: the rename that broke HTA)."""
+    args = {"correlation": 2, "External id": 9}
+    if with_args:
+        args.update({"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 1024,
+                     "Out msg nelems": 1024, "Group size": 8, "Process Group Name": "0"})
+    return {"distributedInfo": {"rank": 0, "world_size": 8}, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0.0, "dur": 500.0, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 10.0, "dur": 20.0, "pid": 1, "tid": 1,
+         "args": {"External id": 9}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 12.0, "dur": 2.0, "pid": 1, "tid": 1,
+         "args": {"correlation": 2, "External id": 9}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+         "ts": 40.0, "dur": 90.0, "pid": 0, "tid": 20, "args": args},
+    ]}
+
+
+@pytest.mark.parametrize("with_args", [True, False])
+def test_new_nccl_kernel_names_are_collectives(tmp_path, with_args):
+    from commprof.convert import kineto_fast
+
+    p = tmp_path / "r0.json"
+    p.write_text(json.dumps(_nccl_doc(with_args)))
+    table, _ = kineto_fast.convert_file(str(p))
+    df = table.to_pandas()
+    k = df[df["category"] == "kernel"]
+    assert list(k["name"]) == ["nccl"]
+    c = df[df["category"] == "comm"]
+    assert list(c["name"]) == ["all_reduce"] and int(c["step"].iloc[0]) == 3
+    assert (int(c["bytes"].iloc[0]) == 4096) if with_args else c["bytes"].isna().all()
+
+
+def test_unexpected_field_types_fall_back_to_the_general_converter(tmp_path):
+    """A trace whose fields do not have the types the fast decoder expects
+    (here timestamps as strings) still imports, with the same rows."""
+    from commprof.convert import kineto, kineto_fast
+
+    doc = _nccl_doc(True)
+    for e in doc["traceEvents"]:
+        e["ts"] = str(e["ts"])
+    p = tmp_path / "r0.json"
+    p.write_text(json.dumps(doc))
+    table, meta = kineto_fast.convert_file(str(p))
+    rows, _ = kineto.convert(doc, str(p))
+    assert table.num_rows == len(rows) == 3 and meta["rank"] == 0
+
+
+@pytest.mark.slow
+def test_workers_and_dask_give_the_same_trace_and_report(tmp_path):
+    """--workers 2 (processes) and --dask (a LocalCluster with 2 workers) write
+    the same trace as one process, and the same report."""
+    import pyarrow.parquet as pq
+
+    import importlib.util
+    import subprocess
+    import sys
+
+    outs = {}
+    for how, extra in (("one", ["--workers", "1"]), ("two", ["--workers", "2"])):
+        outs[how] = str(tmp_path / f"{how}.parquet")
+        assert main(["import", "kineto", DATA, "-o", outs[how], *extra]) == 0
+    if importlib.util.find_spec("distributed") is None:
+        pytest.skip("the 'distributed' package is not installed")
+    # the Dask side in its own process (importing distributed installs import hooks)
+    outs["dask"] = str(tmp_path / "dask.parquet")
+    script = (
+        "import sys, distributed\n"
+        "from commprof.cli import main\n"
+        "with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:\n"
+        f"    sys.exit(main(['import', 'kineto', {DATA!r}, '-o', {outs['dask']!r}, '--dask', c.scheduler_address]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = _frame(pq.read_table(outs["one"]))
+    import commprof
+
+    ref_rep = commprof.load(outs["one"]).report()
+    for how in ("two", "dask"):
+        assert _frame(pq.read_table(outs[how])) == ref
+        rep = commprof.load(outs[how]).report()
+        for name in ("breakdown", "kernels", "gpu_breakdown", "collectives"):
+            a, b = ref_rep.tables[name].frame, rep.tables[name].frame
+            assert a.drop(columns=[c for c in ("path",) if c in a]).equals(b.drop(columns=[c for c in ("path",) if c in b])), name
+    assert main(["import", "kineto", DATA, "-o", str(tmp_path / "x.parquet"), "--workers", "0"]) == 2
