@@ -85,6 +85,9 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     parts: List[pd.DataFrame] = []
     colls = CollectiveStats()
     comms: List = []
+    # several hosts: the collectives are kept until the clocks are aligned;
+    # one host: folded as they come (memory bounded by one chunk)
+    multi_host = len(set(clocks.domains(rank_metas).values())) > 1
     tl = pd.DataFrame()
     kshares: List[pd.DataFrame] = []
     kbreak: List[pd.DataFrame] = []
@@ -157,13 +160,16 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 kshares.append(kern[0])
                 kbreak.append(kern[1])
             if comm is not None:
-                comms.append(comm)
+                if multi_host:
+                    comms.append(comm)
+                else:
+                    colls.add(comm)
             if tl.empty:
                 tl = timeline(_small_window(chunk, steps), steps)
             del chunk
     # hosts' clocks are aligned from all ranks' collectives before the
     # cross-rank statistics (arrival skew) are folded
-    cframe = _align_frame(comms)
+    cframe = _align_frame(comms) if multi_host else None
     offsets, clock_table = clocks.align(cframe, rank_metas)
     for comm in comms:
         colls.add(comm, offsets)
