@@ -111,7 +111,7 @@ def train_cell(cfg: Dict, rank: int = 0, world: int = 1) -> Dict:
             loss.backward()
             opt.step()
             sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         model.eval()
         with torch.no_grad():
             top1s.append(100.0 * float((model(xv).argmax(1) == yv).float().mean()))
