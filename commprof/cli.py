@@ -265,7 +265,7 @@ def cmd_import(args) -> int:
         return cmd_import_nccl_tests(args)
     if args.format != "kineto":
         raise UsageError("commprof import: choose a format: kineto, nccl-tests")
-    from .convert.kineto import import_kineto
+    from .convert.kineto_import import import_kineto
 
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")

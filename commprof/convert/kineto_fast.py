@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import msgspec
 import numpy as np
@@ -92,7 +92,6 @@ def convert_file(path: str, rank: Optional[int] = None):
             full = json.loads(data)
         except ValueError as exc:
             raise TraceFormatError(f"{path}: not a readable Kineto JSON trace ({exc})") from None
-        del data
         return _slow_table(full, path, rank)
     except msgspec.DecodeError as exc:
         raise TraceFormatError(f"{path}: not a readable Kineto JSON trace ({exc})") from None

@@ -174,7 +174,7 @@ class Watchdog:
                 return
 
     def _fire(self, prog: Dict[str, dict]) -> None:
-        from .launcher import own_rank_pids
+        from .procs import own_rank_pids
         from .log import warn
 
         self.fired = True

@@ -29,6 +29,7 @@ from ..errors import UsageError
 from ..trace.journal import HOROVOD_TIMELINE_FILE, find_shards, meta_path_of, side_files
 from ..trace.parquet import TRACE_FILE
 from . import bootstrap, shared
+from .procs import alive as _alive, own_rank_pids
 from .config import Config
 
 BOOTSTRAP_DIR = ".bootstrap"
@@ -77,16 +78,6 @@ def prepare_out_dir(out_dir: str) -> None:
         raise UsageError(f"{out_dir!r} already holds a recording; choose another -o")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 #: seconds stragglers get between SIGTERM and SIGKILL: the command's own
 #: process group, then rank processes of this run still alive
 GROUP_GRACE_S, RANK_GRACE_S = 2.0, 5.0
@@ -108,27 +99,6 @@ def _reap_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def own_rank_pids(shard_dir: str) -> List[int]:
-    """Rank processes of this ``commprof record`` (this host, started under
-    it) that are still alive: other participants' ranks of a shared folder
-    are left alone."""
-    import glob
-    import json
-
-    host = socket.gethostname()
-    pids = []
-    for meta in glob.glob(os.path.join(shard_dir, f"{host}.*.meta.json")):
-        try:
-            pid = int(os.path.basename(meta)[len(host) + 1:].split(".")[0])
-            with open(meta) as fh:
-                owner = json.load(fh).get("record_pid")
-        except (ValueError, OSError):
-            continue
-        if pid != os.getpid() and owner in (None, os.getpid()) and _alive(pid):
-            pids.append(pid)
-    return pids
 
 
 def _reap_ranks(shard_dir: str) -> List[int]:

@@ -48,7 +48,7 @@ def test_a_torn_kernel_file_is_left_out_with_a_warning(tmp_path, capsys):
 
 
 def test_import_still_makes_collectives_from_nccl_kernels(tmp_path):
-    from commprof.convert.kineto import import_kineto
+    from commprof.convert.kineto_import import import_kineto
 
     out = str(tmp_path / "k.parquet")
     import_kineto([FIXTURE], out)
