@@ -73,14 +73,28 @@ def main():
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--kernels", type=int, default=200_000)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--clone", action="store_true",
+                   help="write rank 0's events once and give every other rank a copy (only distributedInfo "
+                        "differs): many ranks in minutes, for memory-vs-ranks measurements")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    template = None
     for r in range(a.ranks):
         path = os.path.join(a.out, f"rank{r}.json.gz")
         if os.path.exists(path):
             continue
-        with gzip.open(path, "wt", compresslevel=1) as fh:
-            json.dump(rank_trace(r, a.ranks, a.kernels, a.steps), fh)
+        if a.clone:
+            if template is None:
+                doc = rank_trace(0, a.ranks, a.kernels, a.steps)
+                info = json.dumps(doc.pop("distributedInfo"))
+                template = (info, json.dumps(doc))
+            body = template[1].replace("{", "{" + '"distributedInfo": ' + template[0].replace(
+                '"rank": 0', f'"rank": {r}') + ", ", 1)
+            with gzip.open(path, "wt", compresslevel=1) as fh:
+                fh.write(body)
+        else:
+            with gzip.open(path, "wt", compresslevel=1) as fh:
+                json.dump(rank_trace(r, a.ranks, a.kernels, a.steps), fh)
         print(path, os.path.getsize(path) // 1024, "KiB", flush=True)
 
 

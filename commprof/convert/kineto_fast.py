@@ -11,8 +11,8 @@ by External id with sorted-array lookups, steps are found with
 expected falls back to that converter."""
 from __future__ import annotations
 
-import gzip
 import os
+import zlib
 from typing import Any, Dict, List, Optional, Union
 
 import msgspec
@@ -24,9 +24,10 @@ from . import kineto as _slow
 Num = Union[int, float, str, None]
 
 
-class Args(msgspec.Struct):
-    external_id: Num = msgspec.field(default=None, name="External id")
-    correlation: Num = None
+class Args(msgspec.Struct, gc=False):
+    # ids typed strictly (fast to decode); other types fall back to the row converter
+    external_id: Optional[int] = msgspec.field(default=None, name="External id")
+    correlation: Optional[int] = None
     coll: Optional[str] = msgspec.field(default=None, name="Collective name")
     dtype: Optional[str] = None
     n_in: Num = msgspec.field(default=None, name="In msg nelems")
@@ -36,12 +37,12 @@ class Args(msgspec.Struct):
     nbytes: Num = msgspec.field(default=None, name="bytes")
 
 
-class Ev(msgspec.Struct):
+class Ev(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
-    ts: Union[float, int, None] = None
-    dur: Union[float, int] = 0
+    ts: Optional[float] = None
+    dur: float = 0.0
     pid: Union[int, str] = 0
     tid: Union[int, str] = 0
     args: Optional[Args] = None
@@ -61,12 +62,21 @@ KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 def read_bytes(path: str) -> bytes:
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                return fh.read()
         with open(path, "rb") as fh:
-            return fh.read()
-    except (OSError, EOFError) as exc:
+            raw = fh.read()
+        if path.endswith(".gz"):
+            # one zlib call over the whole member(s) (faster than GzipFile's reads)
+            d = zlib.decompressobj(wbits=31)
+            parts = [d.decompress(raw)]
+            while d.unused_data:          # concatenated gzip members
+                rest = d.unused_data
+                d = zlib.decompressobj(wbits=31)
+                parts.append(d.decompress(rest))
+            if not d.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            return b"".join(parts) if len(parts) > 1 else parts[0]
+        return raw
+    except (OSError, EOFError, zlib.error) as exc:
         raise TraceFormatError(f"{path}: not a readable Kineto JSON trace ({exc})") from None
 
 
@@ -80,7 +90,22 @@ def _int(v) -> Optional[int]:
 
 
 def convert_file(path: str, rank: Optional[int] = None):
-    """(Arrow table in the trace schema, rank metadata) of one Kineto file."""
+    """(Arrow table in the trace schema, rank metadata) of one Kineto file.
+    The cyclic garbage collector is paused meanwhile: hundreds of thousands
+    of small acyclic objects would otherwise trigger collection after
+    collection (structs are decoded untracked, ``gc=False``)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _convert_file(path, rank)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _convert_file(path: str, rank: Optional[int] = None):
     data = read_bytes(path)
     try:
         doc = _DECODER.decode(data)
@@ -154,7 +179,7 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
     op_names: List[Optional[str]] = []
     op_ext = []
     for e in ops:
-        x = _int(e.args.external_id) if e.args is not None else None
+        x = e.args.external_id if e.args is not None else None
         if x is not None:
             op_ext.append(x)
             op_names.append(e.name)
@@ -166,7 +191,7 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
     op_name_u = [op_names[i] for i in order[first]]
 
     # launches by correlation id (the last one wins, as the row converter's dict)
-    l_corr = np.asarray([_int(e.args.correlation) for e in launches], np.int64) if launches else np.zeros(0, np.int64)
+    l_corr = np.asarray([e.args.correlation for e in launches], np.int64) if launches else np.zeros(0, np.int64)
     l_ts = ns([e.ts for e in launches]) if launches else np.zeros(0, np.int64)
     lorder = np.argsort(l_corr, kind="stable")
     lc = l_corr[lorder]
@@ -177,8 +202,9 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
     nk = len(kern)
     t0 = ns([e.ts for e in kern]) if nk else np.zeros(0, np.int64)
     t1 = t0 + np.rint(np.asarray([e.dur for e in kern], np.float64) * 1000.0).astype(np.int64) if nk else t0
-    kext = np.asarray([_i(e.args.external_id) if e.args is not None else -1 for e in kern], np.int64)
-    kcorr = np.asarray([_i(e.args.correlation) if e.args is not None else -1 for e in kern], np.int64)
+    kargs = [e.args for e in kern]
+    kext = np.asarray([-1 if a is None or a.external_id is None else a.external_id for a in kargs], np.int64)
+    kcorr = np.asarray([-1 if a is None or a.correlation is None else a.correlation for a in kargs], np.int64)
 
     def lookup(keys_sorted, q):
         if not len(keys_sorted):
@@ -211,7 +237,7 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
         if c is None:
             c = cache[key] = _slow.classify(key[0], key[1], key[2])
         cls.append(c)
-    kbytes = [_int(e.args.nbytes) if e.args is not None else None for e in kern]
+    kbytes = [None if a is None or a.nbytes is None else _int(a.nbytes) for a in kargs]
 
     cols: Dict[str, list] = {}
     # kernel rows
@@ -230,11 +256,15 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
     nccl = [i for i, c in enumerate(cls) if c == "nccl"]
     if nccl:
         cr = []
+        coll_cache: Dict[tuple, str] = {}
         for i in nccl:
             a = kern[i].args
             ad = {"Collective name": a.coll, "dtype": a.dtype, "In msg nelems": a.n_in, "Out msg nelems": a.n_out} \
                 if a is not None else {}
-            coll = _slow.collective_of(names[i], ad)
+            ck = (names[i], a.coll if a is not None else None)
+            coll = coll_cache.get(ck)
+            if coll is None:
+                coll = coll_cache[ck] = _slow.collective_of(names[i], ad)
             nbytes, dtype = _slow.nccl_bytes(coll, ad)
             group = str(a.pg) if a is not None and a.pg is not None else "0"
             gsize = _int(a.gsize) if a is not None else None
