@@ -28,12 +28,25 @@ import pandas as pd
 from .intervals import segments
 
 
+def _per_value(col: pd.Series, fn) -> np.ndarray:
+    """fn applied once per distinct value (categorical columns: per category),
+    broadcast to the rows — string work on a few hundred kernel names, not on
+    every kernel."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        per = np.array([fn(str(c)) for c in cats] + [fn("None")])
+        codes = col.cat.codes.to_numpy()
+        return per[np.where(codes < 0, len(cats), codes)]
+    values, uniq = pd.factorize(col.astype(object).where(col.notna(), "None"))
+    return np.array([fn(str(u)) for u in uniq])[values] if len(uniq) else np.zeros(len(col), bool)
+
+
 def _kernels(events: pd.DataFrame) -> pd.DataFrame:
-    k = events[events["category"].astype(str) == "kernel"].copy()
-    k["cls"] = k["name"].astype(str)
-    detail = k["detail"].astype(str)
-    k["hta_memory"] = detail.str.startswith("Memcpy") | detail.str.startswith("Memset")
-    k["hta_comm"] = k["cls"] == "nccl"
+    k = events[_per_value(events["category"], lambda c: c == "kernel")].copy()
+    k["cls"] = k["name"].astype(str) if not isinstance(k["name"].dtype, pd.CategoricalDtype) \
+        else k["name"].cat.remove_unused_categories()
+    k["hta_memory"] = _per_value(k["detail"], lambda d: d.startswith("Memcpy") or d.startswith("Memset"))
+    k["hta_comm"] = _per_value(k["name"], lambda c: c == "nccl")
     return k
 
 
@@ -43,7 +56,8 @@ def kernel_shares(events: pd.DataFrame) -> pd.DataFrame:
     if k.empty:
         return pd.DataFrame()
     k["dur"] = (k["t_end"] - k["t_start"]).astype(np.float64)
-    t = k.pivot_table(index="rank", columns="cls", values="dur", aggfunc="sum", fill_value=0.0)
+    t = k.pivot_table(index="rank", columns="cls", values="dur", aggfunc="sum", fill_value=0.0, observed=True)
+    t.columns = [str(c) for c in t.columns]
     total = t.sum(axis=1)
     out = pd.DataFrame({"rank": t.index.astype(int), "kernel_ms": (total / 1e6).to_numpy()})
     for cls in t.columns:
@@ -55,13 +69,15 @@ def temporal_breakdown(events: pd.DataFrame, hta_window: bool = False) -> pd.Dat
     """Per rank: span, idle / compute / non-compute (% of span), overlap %."""
     k = _kernels(events)
     rows = []
+    last_step = {}
+    if hta_window:
+        st = events[_per_value(events["category"], lambda c: c == "step")]
+        last_step = st.groupby("rank")["step"].max().to_dict() if len(st) else {}
     for rank, g in k.groupby("rank"):
-        if hta_window:
+        if hta_window and rank in last_step:
             # a kernel's step is the ProfilerStep its launch fell in: keep
             # those launched before the last ProfilerStep# started
-            st = events[(events["rank"] == rank) & (events["category"].astype(str) == "step")]
-            if len(st):
-                g = g[g["step"] < int(st["step"].max())]
+            g = g[g["step"] < int(last_step[rank])]
         if g.empty:
             continue
         s, e = g["t_start"].to_numpy(np.int64), g["t_end"].to_numpy(np.int64)
