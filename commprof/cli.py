@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--format", choices=FORMATS, default=None,
                      help="output format (default: table, or from -o's extension)")
     rep.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
+    rep.add_argument("--table", metavar="NAME", default=None,
+                     help="only this table (breakdown, study, collectives, skew, stragglers, nodes, clocks, ...); "
+                          "--format csv writes one table: this one, or the breakdown")
     rep.add_argument("--out-dir", metavar="DIR", default=None,
                      help="also write every format into DIR (report.txt/.md/.json/.html, one CSV per table)")
     rep.add_argument("--batch-size", type=int, default=None,
@@ -364,7 +367,14 @@ def cmd_report(args) -> int:
         raise TraceFormatError("--warmup must be >= 0")
     report = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by).report()
     fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"
-    text = render.get(fmt).render(report)
+    if args.table and args.table not in report.tables:
+        raise UsageError(f"no table {args.table!r} in this report; tables: {', '.join(report.tables)}")
+    if fmt == "csv":
+        text = render.RENDERERS[fmt](table=args.table).render(report)
+    else:
+        shown = report if not args.table else type(report)(report.title, {args.table: report.tables[args.table]},
+                                                           report.notes, report.runs, report.extras)
+        text = render.get(fmt).render(shown)
     if args.output:
         atomic_write(args.output, text)
     else:

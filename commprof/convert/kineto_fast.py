@@ -148,21 +148,34 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
     events = doc.traceEvents
     if events is None:
         raise TraceFormatError(f"{path}: no traceEvents list")
-    xs = [e for e in events if e.ph == "X" and e.ts is not None]
+    # one pass: the events each part of the conversion needs, in trace order
+    kern: List[Ev] = []
+    ops: List[Ev] = []
+    launches: List[Ev] = []
+    annots: List[Ev] = []
+    ka, oa, la, aa = kern.append, ops.append, launches.append, annots.append
+    regions = ("## forward ##", "## backward ##", "## optimizer ##")
+    for e in events:
+        if e.ph != "X" or e.ts is None:
+            continue
+        c = e.cat
+        if c == "kernel" or c == "gpu_memcpy" or c == "gpu_memset":
+            ka(e)
+        elif c == "cpu_op":
+            oa(e)
+            if e.name.startswith("ProfilerStep#"):
+                aa(e)
+        elif c == "cuda_runtime" or c == "cuda_driver":
+            if e.args is not None and e.args.correlation is not None:
+                la(e)
+        elif c == "user_annotation":
+            n = e.name
+            if n.startswith("ProfilerStep#") or n in regions or n.startswith("enumerate(DataLoader)"):
+                aa(e)
     del events
 
     def ns(values) -> np.ndarray:
         return np.rint(np.asarray(values, np.float64) * 1000.0).astype(np.int64) + base
-
-    kern = [e for e in xs if e.cat in KERNEL_CATS]
-    ops = [e for e in xs if e.cat == "cpu_op"]
-    launches = [e for e in xs if (e.cat == "cuda_runtime" or e.cat == "cuda_driver") and e.args is not None
-                and e.args.correlation is not None]
-    annots = [e for e in xs if (e.cat == "user_annotation" or e.cat == "cpu_op")
-              and (e.name.startswith("ProfilerStep#") or (e.cat == "user_annotation" and (
-                  e.name in ("## forward ##", "## backward ##", "## optimizer ##")
-                  or e.name.startswith("enumerate(DataLoader)"))))]
-    del xs
 
     # steps (host windows)
     steps = sorted((e for e in annots if e.name.startswith("ProfilerStep#")), key=lambda e: e.ts)

@@ -76,7 +76,8 @@ def import_kineto(inputs: List[str], out_path: str, rank: Optional[int] = None, 
         raise TraceFormatError("--rank applies to a single trace file")
     workers = workers or min(len(files), os.cpu_count() or 1)
     metas, seen = [], {}
-    writer = TraceWriter(out_path)
+    # zstd level 1: the parent writes while the workers convert, on the same cores
+    writer = TraceWriter(out_path, compression_level=1)
     try:
         for f, (table, meta) in zip(files, _tables(files, rank, workers, dask)):
             if meta["rank"] in seen:

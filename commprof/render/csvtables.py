@@ -8,8 +8,9 @@ from .base import Renderer
 
 
 class CsvRenderer(Renderer):
-    """Raw values (no rounding), one block per table, each block preceded by
-    a ``# table: NAME`` line; ``tables()`` gives one CSV text per table (what
+    """Raw values (no rounding), one table — CSV that pandas, DuckDB and
+    spreadsheets read: the report's first table (the breakdown) or the one
+    named by ``table``; ``tables()`` gives one CSV text per table (what
     ``--out-dir`` writes, one file each)."""
     name = "csv"
     extensions = (".csv",)
@@ -27,8 +28,16 @@ class CsvRenderer(Renderer):
             out[name] = buf.getvalue()
         return out
 
+    def __init__(self, table=None):
+        self.table = table
+
     def render(self, report) -> str:
-        parts = []
-        for name, text in self.tables(report).items():
-            parts.append(f"# table: {name}\n{text}")
-        return "\n".join(parts)
+        from ..errors import UsageError
+
+        texts = self.tables(report)
+        if not texts:
+            return ""
+        name = self.table or next(iter(texts))
+        if name not in texts:
+            raise UsageError(f"no table {name!r} in this report; tables: {', '.join(texts)}")
+        return texts[name]

@@ -34,8 +34,9 @@ class TraceWriter:
     the end) is added by :meth:`close`. Atomic: nothing appears at ``path``
     unless close() succeeds."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, compression_level: Optional[int] = None):
         self.path = path
+        self._level = compression_level
         self._ctx = atomic_path(path)
         self._tmp = self._ctx.__enter__()
         self._writer = None
@@ -45,7 +46,8 @@ class TraceWriter:
 
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, schema.TRACE_SCHEMA, compression="zstd",
-                                            use_dictionary=True, write_statistics=True)
+                                            compression_level=self._level, use_dictionary=True,
+                                            write_statistics=True)
         self._writer.write_table(table.cast(schema.TRACE_SCHEMA), row_group_size=ROW_GROUP)
 
     @property

@@ -133,10 +133,28 @@ def test_one_bad_among_several_names_it(tmp_path, capsys):
     _one_line_error(capsys, ["report", good, str(bad)], "bad.parquet")
 
 
+def test_csv_is_one_table_that_pandas_reads(tmp_path, capsys):
+    import io
+
+    import pandas as pd
+
+    path = good_trace(tmp_path / "t.parquet", n_steps=4)
+    assert main(["report", path, "--format", "csv"]) == 0
+    df = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(df.columns[:2]) == ["config", "gpus"] and len(df) == 1 and "comm_pct" in df.columns
+    assert main(["report", path, "--format", "csv", "--table", "collectives"]) == 0
+    df = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert "busbw_GBps" in df.columns      # (this synthetic trace has no collectives)
+    assert main(["report", path, "--table", "collectives"]) == 0
+    out = capsys.readouterr().out
+    assert "Collectives by message size" in out and "Breakdown per GPU count" not in out
+    _one_line_error(capsys, ["report", path, "--format", "csv", "--table", "nope"], "no table 'nope'")
+
+
 def test_output_formats_and_files(tmp_path, capsys):
     path = good_trace(tmp_path / "t.parquet", n_steps=4)
     for fmt, needle in (("table", "Breakdown per GPU count"), ("md", "| configuration |"),
-                        ("csv", "# table: breakdown"), ("json", '"tables"'), ("html", "<table>")):
+                        ("csv", "config,gpus,"), ("json", '"tables"'), ("html", "<table>")):
         assert main(["report", path, "--format", fmt]) == 0
         assert needle in capsys.readouterr().out
     out = tmp_path / "rep.md"
