@@ -78,6 +78,10 @@ def _fmt_pct(v) -> str:
     return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.1f} %"
 
 
+#: parallel efficiency (%) above which a compute-bound configuration "scales well"
+SCALES_WELL = 90.0
+
+
 def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.DataFrame],
              straggler: Dict[tuple, pd.DataFrame]) -> pd.DataFrame:
     """One row per finding: config, gpus, bound, finding, evidence, advice."""
@@ -135,7 +139,18 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
         if bc is not None:
             rows.append({**base, "bound": bound, **bc})
         if r["compute_pct"] >= COMPUTE_BOUND:
-            rows.append({**base, "bound": bound, "finding": "compute-bound (scales well)", "evidence": ev_shares,
+            # a scaling claim needs a scaling measurement: >= 2 GPU counts of
+            # this configuration and the efficiency at this one
+            counts = breakdown[breakdown["config"] == r["config"]]["gpus"].nunique()
+            eff = r.get("efficiency_pct")
+            if counts >= 2 and r["gpus"] > breakdown[breakdown["config"] == r["config"]]["gpus"].min() \
+                    and eff is not None and not pd.isna(eff):
+                word = "compute-bound (scales well)" if eff >= SCALES_WELL else "compute-bound"
+                ev = f"{ev_shares}; parallel efficiency {eff:.0f} % (speedup {r.get('speedup', float('nan')):.2f})"
+            else:
+                word, ev = "compute-bound", ev_shares + ("; one GPU count measured: nothing is known about scaling"
+                                                          if counts < 2 else "")
+            rows.append({**base, "bound": bound, "finding": word, "evidence": ev,
                          "advice": "speed up the model itself: mixed precision, channels_last, cuDNN "
                                    "benchmark mode, a larger batch per GPU"})
         if r["other_pct"] >= OTHER_BOUND:

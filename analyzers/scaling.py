@@ -16,7 +16,7 @@ samples/s when the dataset size is known.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -251,6 +251,35 @@ def _nanmean(values) -> float:
     v = np.asarray([x for x in values if x is not None], dtype=np.float64)
     v = v[~np.isnan(v)]
     return float(v.mean()) if len(v) else float("nan")
+
+
+def adopt_baselines(runs: List[RunAnalysis], group_by: Optional[Sequence[str]] = None) -> List[RunAnalysis]:
+    """The 1-GPU baseline: a single-process run without a framework
+    (``framework`` "none") becomes the N = 1 row of every configuration it
+    matches on the other keys (loader, model, batch size, labels), so that
+    the scaling table has its 1 -> N rows. Only with the default grouping
+    (a user's ``group_by`` is taken as given); a baseline that matches no
+    multi-GPU configuration stays as it is."""
+    if group_by:
+        return runs
+    out: List[RunAnalysis] = []
+    others = [r for r in runs if not (r.world_size == 1 and r.meta.get("framework") == "none")]
+
+    def key(meta):
+        keys = [k for k in DEFAULT_GROUP_BY if k != "framework"]
+        return tuple(str(meta.get(k)) for k in keys) + tuple(sorted((meta.get("labels") or {}).items()))
+
+    for r in runs:
+        if r.world_size == 1 and r.meta.get("framework") == "none":
+            frameworks = sorted({o.meta.get("framework") for o in others
+                                 if key(o.meta) == key(r.meta) and o.meta.get("framework") not in (None, "none")})
+            if frameworks:
+                for fw in frameworks:
+                    meta = dict(r.meta, framework=fw, baseline_of=fw)
+                    out.append(replace(r, label=config_label(meta), meta=meta))
+                continue
+        out.append(r)
+    return out
 
 
 def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:

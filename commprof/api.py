@@ -304,7 +304,9 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
         from .errors import UsageError
 
         raise UsageError("benchmark traces (commprof bench -o) are reported on their own, not beside training runs")
-    runs = [t.analysis(warmup, batch_size, group_by, chunk_rows) for t in traces]
+    from .analyzers.scaling import adopt_baselines
+
+    runs = adopt_baselines([t.analysis(warmup, batch_size, group_by, chunk_rows) for t in traces], group_by)
     return build_report(runs, warmup), runs
 
 

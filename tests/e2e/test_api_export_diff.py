@@ -99,3 +99,27 @@ def test_export_bad_inputs(runs, tmp_path, capsys):
     assert "no events" in capsys.readouterr().err
     assert main(["export", "chrome", runs[0], "-o", str(tmp_path / "x.json"), "--ranks", "a-b"]) == 2
     assert main(["export", "chrome", str(tmp_path / "none"), "-o", str(tmp_path / "x.json")]) == 2
+
+
+@pytest.mark.slow
+def test_one_gpu_baseline_joins_the_ddp_configuration(tmp_path):
+    """The same script at 1 process (plain python, no framework) and at 2
+    ranks (torchrun, DDP) is one configuration with a 1 -> 2 row, speedup
+    and efficiency; grouped by hand, the user's grouping wins."""
+    import commprof
+    from conftest import TINY, commprof_cmd, run
+
+    outs = []
+    for k, extra in enumerate(([], ["--nproc", "2"])):
+        out = str(tmp_path / f"r{k}")
+        proc = run(commprof_cmd("record", "-o", out, *extra, "--", "python", TINY, "--steps", "8"), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(out)
+    assert commprof.load(outs[0]).meta["world_size"] == 1
+    bd = commprof.compare(outs).breakdown()
+    assert bd["config"].nunique() == 1 and bd["config"].iloc[0].startswith("ddp")
+    assert sorted(bd["gpus"]) == [1, 2]
+    two = bd[bd["gpus"] == 2].iloc[0]
+    assert two["speedup"] > 0 and two["efficiency_pct"] == pytest.approx(100 * two["speedup"] / 2)
+    by_hand = commprof.compare(outs, group_by=["framework"]).breakdown()
+    assert by_hand["config"].nunique() == 2
