@@ -62,9 +62,30 @@ def _rank_keys(ev: Events):
     span = int(max(local_start.max(), local_end.max())) if len(r) else 0
     shift = max(span.bit_length(), 1)
     if shift + max(len(ranks), 1).bit_length() > 62:
-        raise ValueError("time span too large to analyse these ranks together")
+        raise _span_error(ev, ranks, ridx, local_start, local_end)
     hi_bits = ridx.astype(np.int64) << shift
     return hi_bits | local_start, hi_bits | local_end, ranks, ridx
+
+
+def _span_error(ev: Events, ranks, ridx, local_start, local_end):
+    """A one-line error naming the rank and the event whose timestamps are
+    out of range (times must be ns on one monotonic clock)."""
+    from ..trace.schema import TraceFormatError
+
+    far = np.maximum(local_start, local_end)
+    i = int(np.argmax(far))
+    r = int(ranks[ridx[i]])
+    mine = ridx == ridx[i]
+    med = int(np.median(ev.t_start[mine]))
+    j = np.flatnonzero(mine)[int(np.argmax(np.abs(ev.t_start[mine] - med) + np.abs(ev.t_end[mine] - med)))]
+    cat = CATEGORIES_ALL[ev.cat[j]] if 0 <= ev.cat[j] < len(CATEGORIES_ALL) else "?"
+    name = ev.column("name")
+    nm = str(name[int(j)]) if name is not None else "?"
+    span_s = float(far[i]) / 1e9
+    return TraceFormatError(
+        f"rank {r}: its events span {span_s:.3g} s; event {int(j)} ({cat} {nm!r}, step {int(ev.step[j])}, "
+        f"t_start {int(ev.t_start[j])}, t_end {int(ev.t_end[j])}) is far from the rank's other events "
+        f"(median t_start {med}): timestamps must be nanoseconds on one clock")
 
 
 # Interval sets of the sweep (bit j-1 of a cover pattern is set j).

@@ -165,3 +165,15 @@ def test_output_formats_and_files(tmp_path, capsys):
     assert sorted(os.listdir(d)) == ["bottlenecks.csv", "breakdown.csv", "collectives.csv", "report.html",
                                      "report.json", "report.md", "report.txt", "skew.csv", "stragglers.csv",
                                      "study.csv"]
+
+
+def test_absurd_timestamps_name_the_rank_and_the_event(tmp_path, capsys):
+
+    table = pa.Table.from_batches([_events(4)])
+    t_end = table.column("t_end").to_numpy().copy()
+    t_end[3] = (1 << 62) + 12345                  # one event 146 years after the others
+    table = table.set_column(table.schema.get_field_index("t_end"), "t_end", pa.array(t_end))
+    path = tmp_path / "bad_time.parquet"
+    write_trace(table, str(path), {"world_size": 1}, [{"rank": 0, "world_size": 1}])
+    line = _one_line_error(capsys, ["report", str(path)], "rank 0: its events span")
+    assert "event 3 (" in line and f"t_end {(1 << 62) + 12345}" in line and "nanoseconds on one clock" in line
