@@ -233,7 +233,7 @@ def main(argv=None):
     p.add_argument("--min-steps", type=int, default=150,
                    help="optimizer steps the largest batch gets (sets the epochs of every cell)")
     p.add_argument("--epochs", type=int, default=0, help="override the epochs (0: from --min-steps)")
-    p.add_argument("--warmup-epochs", type=float, default=2.0)
+    p.add_argument("--warmup-epochs", type=float, default=5.0)
     p.add_argument("--lr", type=float, default=0.2, help="base LR for a global batch of 256")
     p.add_argument("--nproc", type=int, default=1, help="run every cell as an N-rank DDP job (gloo)")
     p.add_argument("-o", "--out", default="lr_study", help="writes OUT.md, OUT.csv, OUT.json, OUT.html")
