@@ -21,7 +21,6 @@ ranks of it − 1) × 100.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 COLUMNS = ["rank", "metric", "late_pct", "excess_ms", "value_ms", "median_ms"]
