@@ -83,7 +83,7 @@ def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[in
         if d == ref:
             rows.append(_row(d, ranks, guess, guess, 0.0, (0.0, 0.0), 0, "reference"))
             continue
-        est = _estimate(pairs, ref, d, guess) if pairs is not None else None
+        est = _estimate(pairs, ref, d) if pairs is not None else None
         if est is None:
             dom_off[d] = guess
             rows.append(_row(d, ranks, guess, guess, float("nan"), (float("nan"),) * 2, 0,
@@ -135,7 +135,7 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple]) -> pd.DataFrame:
     return out
 
 
-def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple, guess: int):
+def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple):
     a = pairs[pairs["dom"] == ref].set_index(["group", "seq"])
     b = pairs[pairs["dom"] == d].set_index(["group", "seq"])
     j = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("_a", "_b"))

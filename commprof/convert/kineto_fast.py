@@ -362,7 +362,3 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
             if doc.deviceProperties else None}
     return table, meta
 
-
-def _i(v) -> int:
-    x = _int(v)
-    return -1 if x is None else x

@@ -138,7 +138,9 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pgid: Optional[int] = None
-        shared_folder = os.path.isdir(os.path.join(out_dir, ".nodes"))
+        from .shared import NODES_DIR
+
+        shared_folder = os.path.isdir(os.path.join(out_dir, NODES_DIR))
         suffix = f".{socket.gethostname()}" if shared_folder else ""
         self.json_path = os.path.join(out_dir, f"hang{suffix}.json")
         self.text_path = os.path.join(out_dir, f"hang{suffix}.txt")
