@@ -38,17 +38,18 @@ class Report:
 REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "dev_start", "dev_end",
                   "bytes", "dtype", "group", "group_size", "seq", "blocking", "items", "value"]
 
-BREAKDOWN_COLUMNS = [
-    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("runs", "runs", "d"),
-    ("steps", "steps", "d"),
+BREAKDOWN_COLUMNS = [  # most important first: a narrow terminal shows these, the rest continue below
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"),
     ("comm_pct", "comm %", ".1f"), ("data_pct", "data %", ".1f"),
     ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
-    ("comm_pct_rank_min", "comm % min rank", ".1f"), ("comm_pct_rank_max", "comm % max rank", ".1f"),
+    ("step_ms_median", "step ms p50", ".2f"), ("samples_per_s", "samples/s", ".1f"),
+    ("speedup", "speedup", ".2f"), ("efficiency_pct", "eff %", ".1f"),
     ("comm_busy_pct", "comm busy %", ".1f"), ("overlap_pct", "overlap %", ".1f"),
-    ("step_ms_median", "step ms p50", ".2f"), ("step_ms_p95", "step ms p95", ".2f"),
-    ("steps_per_s", "steps/s", ".3f"), ("samples_per_s", "samples/s", ".1f"),
-    ("batch_per_rank", "batch/rank", ".0f"), ("epoch_s", "epoch s", ".1f"), ("speedup", "speedup", ".2f"),
-    ("efficiency_pct", "eff %", ".1f"), ("imbalance_pct", "imbal %", ".1f"),
+    ("imbalance_pct", "imbal %", ".1f"),
+    ("comm_pct_rank_min", "comm % min rank", ".1f"), ("comm_pct_rank_max", "comm % max rank", ".1f"),
+    ("step_ms_p95", "step ms p95", ".2f"), ("steps_per_s", "steps/s", ".3f"),
+    ("batch_per_rank", "batch/rank", ".0f"), ("epoch_s", "epoch s", ".1f"),
+    ("runs", "runs", "d"), ("steps", "steps", "d"),
 ]
 COLLECTIVE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("op", "collective", ""),
@@ -159,7 +160,8 @@ def build_report(runs, warmup: int = 1):
     study = scaling.study_table(table)
     if len(study):
         tables["study"] = Table("Side by side (busy shares of step time, as scaling studies report them)",
-                                study, [(c, c, "d" if c == "gpus" else ".1f") for c in study.columns])
+                                study, [(c, "GPUs" if c == "gpus" else c, "d" if c == "gpus" else ".1f")
+                                       for c in study.columns])
     kshare, kgpu = scaling.kernel_tables(runs)
     if len(kshare):
         classes = [c for c in ("nccl", "cudnn", "data", "gemm", "other", "memcpy", "memset")

@@ -315,7 +315,9 @@ def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
 
 
 def add_scaling(table: pd.DataFrame) -> pd.DataFrame:
-    """Speedup and efficiency vs the smallest GPU count of each config."""
+    """Speedup and efficiency vs the smallest GPU count of each config
+    (none for a configuration measured at one GPU count: nothing is known
+    about its scaling)."""
     if table.empty:
         return table
     table = table.copy()
@@ -330,8 +332,9 @@ def add_scaling(table: pd.DataFrame) -> pd.DataFrame:
         per_rank = g["batch_per_rank"].round(6)
         global_b = (g["batch_per_rank"] * g["gpus"]).round(6)
         mode = "weak" if per_rank.nunique() == 1 else ("strong" if global_b.nunique() == 1 else "mixed")
+        several = g["gpus"].nunique() > 1
         for idx, r in g.iterrows():
-            if t0 and t0 > 0 and not np.isnan(r["samples_per_s"]):
+            if several and t0 and t0 > 0 and not np.isnan(r["samples_per_s"]):
                 sp = r["samples_per_s"] / t0
                 table.loc[idx, "speedup"] = sp
                 table.loc[idx, "efficiency_pct"] = 100.0 * sp / (r["gpus"] / n0)

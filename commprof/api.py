@@ -14,6 +14,7 @@ Example::
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -121,9 +122,16 @@ class Trace:
         """The run analysed (read once, in chunks of whole ranks of about
         ``chunk_rows`` events)."""
         from .analyzers.report import REPORT_COLUMNS, analyze_run
+        from .progress import Bar
 
-        return analyze_run(self.chunks(REPORT_COLUMNS, chunk_rows), self.meta, self.ranks, self.path,
-                           warmup=warmup, batch_size=batch_size, group_by=group_by)
+        with Bar(f"reading {os.path.basename(self.path.rstrip(os.sep))}", len(self.ranks) or None, "ranks") as bar:
+            def chunks():
+                for table in self.chunks(REPORT_COLUMNS, chunk_rows):
+                    yield table
+                    bar.advance(len(pc.unique(table.column("rank"))) if table.num_rows else 0)
+
+            return analyze_run(chunks(), self.meta, self.ranks, self.path,
+                               warmup=warmup, batch_size=batch_size, group_by=group_by)
 
     def report(self, warmup: int = 1, batch_size: Optional[int] = None,
                group_by: Optional[Sequence[str]] = None):

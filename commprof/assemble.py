@@ -195,11 +195,14 @@ def iter_chunks(path: str, columns: Optional[Sequence[str]] = None,
 def merge(folder: str, out_path: str, base_meta: Dict[str, Any]) -> Dict[str, Any]:
     """Merge every shard (and salvaged journal) of ``folder`` into one
     Parquet file, one shard in memory at a time. Returns the run metadata."""
+    from .progress import track
+
     metas: List[Dict[str, Any]] = []
     batch_sizes: List[int] = []
     writer = parquet.TraceWriter(out_path)
+    shards, journals = find_shards(folder)
     try:
-        for table, meta in iter_shard_tables(folder):
+        for table, meta in track(iter_shard_tables(folder), "merging", len(shards) + len(journals), "ranks"):
             metas.append(meta)
             steps = table.filter(pc.equal(table.column("category"), "step")).column("items")
             b = batch_size(steps.to_pylist())

@@ -26,6 +26,17 @@ def _labels(values: List[str]):
     return out
 
 
+def _face_options(p) -> None:
+    """How text tables are laid out (report, model, diff)."""
+    g = p.add_argument_group("terminal output")
+    g.add_argument("--plain", action="store_true", help="plain text, no colours (the default when not a terminal)")
+    g.add_argument("--wide", action="store_true", help="never split a table to fit the terminal width")
+    g.add_argument("--width", type=int, default=None, metavar="N",
+                   help="fit tables into N columns (default: the terminal's width; unlimited when not a terminal)")
+    g.add_argument("--columns", default=None, metavar="LIST",
+                   help="only these columns (keys or headers, comma-separated; the key columns always show)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="commprof", description="Where distributed training spends its time.")
     p.add_argument("--version", action="version", version=f"commprof {__version__}")
@@ -101,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--group-by", default=None, metavar="KEYS",
                      help="comma-separated metadata keys that define a configuration "
                           "(default: framework,loader,model,batch_size + labels)")
+    _face_options(rep)
     md = sub.add_parser("model", help="alpha-beta model of a trace's collectives",
                         description="Fit T(S) = alpha + S / beta per collective from any trace (a training run "
                                     "or a commprof bench -o trace); with --against, say how well it agrees with "
@@ -110,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a model JSON (commprof bench --model) or a trace to compare with (repeatable)")
     md.add_argument("--json", metavar="FILE", default=None, help="write the first trace's fitted model (JSON)")
     md.add_argument("--format", choices=FORMATS, default="table")
+    _face_options(md)
 
     ex = sub.add_parser("export", help="write a timeline for other viewers")
     esub = ex.add_subparsers(dest="format", parser_class=_Parser)
@@ -127,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("b", metavar="B")
     df.add_argument("--format", choices=FORMATS, default="table")
     df.add_argument("--warmup", type=int, default=1)
+    _face_options(df)
 
     bn = sub.add_parser("bench", help="collective micro-benchmark (nccl-tests table, alpha-beta model)",
                         description="Time all_reduce, reduce_scatter, all_gather, broadcast and all_to_all "
@@ -248,7 +262,7 @@ def cmd_model(args) -> int:
     from .api import fit_model, model
     from .trace.files import atomic_write
 
-    sys.stdout.write(render.get(args.format).render(model(args.traces, args.against)))
+    sys.stdout.write(_renderer(args, args.format).render(_select(model(args.traces, args.against), args)))
     if args.json:
         m = fit_model(args.traces[0])
         m.pop("pieces", None)
@@ -272,7 +286,11 @@ def cmd_import(args) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")
-    run = import_kineto(args.inputs, args.output, rank=args.rank, workers=args.workers or 0, dask=args.dask)
+    from .progress import Bar
+
+    with Bar("importing", None, "files") as bar:
+        run = import_kineto(args.inputs, args.output, rank=args.rank, workers=args.workers or 0, dask=args.dask,
+                            on_file=lambda done, total: (setattr(bar, "total", total), bar.advance(1)))
     sys.stderr.write(f"commprof: imported {run.get('ranks_recorded')} rank(s), world size "
                      f"{run.get('world_size')} -> {args.output}\n")
     return 0
@@ -341,7 +359,11 @@ def cmd_export(args) -> int:
         except ValueError:
             raise UsageError(f"--steps expects A:B, got {args.steps!r}")
     ranks = _ints(args.ranks) if args.ranks else None
-    paths = export_chrome(load(args.trace), args.output, steps=steps, ranks=ranks, per_rank=args.per_rank)
+    from .progress import Bar
+
+    with Bar("exporting", None, "ranks") as bar:
+        paths = export_chrome(load(args.trace), args.output, steps=steps, ranks=ranks, per_rank=args.per_rank,
+                              on_rank=lambda done, total: (setattr(bar, "total", total), bar.advance(1)))
     sys.stderr.write(f"commprof: wrote {', '.join(paths)}\n")
     return 0
 
@@ -352,8 +374,58 @@ def cmd_diff(args) -> int:
     from .api import diff
 
     report = diff_report(diff(args.a, args.b, warmup=args.warmup), args.a, args.b)
-    sys.stdout.write(render.get(args.format).render(report))
+    sys.stdout.write(_renderer(args, args.format).render(_select(report, args)))
     return 0
+
+
+def _renderer(args, fmt: str, to_file: bool = False):
+    """The renderer for ``fmt``; text tables fit the terminal (rich, colours)
+    when stdout is one, else plain and unsplit unless ``--width``."""
+    from . import render
+
+    if fmt != "table":
+        return render.get(fmt)
+    tty = not to_file and sys.stdout.isatty() and not args.plain
+    width = None if args.wide else args.width
+    if width is None and tty and not args.wide:
+        import shutil
+
+        width = shutil.get_terminal_size((100, 24)).columns
+    return render.RENDERERS["table"](width=width, color=tty and "NO_COLOR" not in os.environ)
+
+
+def _select(report, args):
+    """``--table`` (one table) and ``--columns`` (some columns of each shown
+    table; key columns stay) applied to a report: a new report, same data."""
+    from dataclasses import replace
+
+    tables = dict(report.tables)
+    if getattr(args, "table", None):
+        if args.table not in tables:
+            raise UsageError(f"no table {args.table!r} in this report; tables: {', '.join(tables)}")
+        tables = {args.table: tables[args.table]}
+    if args.columns:
+        from .render.layout import KEY_COLUMNS
+
+        want = [w.strip().lower() for w in args.columns.split(",") if w.strip()]
+        found = set()
+        for name, t in list(tables.items()):
+            if t.style == "list":
+                continue
+            keep = []
+            for i, (key, header, spec) in enumerate(t.columns):
+                hit = [w for w in want if w in (key.lower(), header.lower())
+                       or (" | " in header and w == header.split(" | ", 1)[1].lower())]
+                found.update(hit)
+                if hit or (key in KEY_COLUMNS and all(k in KEY_COLUMNS for k, _, _ in t.columns[:i])):
+                    keep.append((key, header, spec))
+            tables[name] = replace(t, columns=keep)
+        unknown = [w for w in want if w not in found]
+        if unknown:
+            first = report.tables[next(iter(tables))]
+            raise UsageError(f"--columns: no column {', '.join(map(repr, unknown))}; columns of "
+                             f"{first.title.split(' (')[0]!r}: {', '.join(h for _, h, _ in first.columns)}")
+    return replace(report, tables=tables)
 
 
 def cmd_report(args) -> int:
@@ -367,14 +439,11 @@ def cmd_report(args) -> int:
         raise TraceFormatError("--warmup must be >= 0")
     report = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by).report()
     fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"
-    if args.table and args.table not in report.tables:
-        raise UsageError(f"no table {args.table!r} in this report; tables: {', '.join(report.tables)}")
+    shown = _select(report, args)
     if fmt == "csv":
-        text = render.RENDERERS[fmt](table=args.table).render(report)
+        text = render.RENDERERS[fmt](table=args.table).render(shown)
     else:
-        shown = report if not args.table else type(report)(report.title, {args.table: report.tables[args.table]},
-                                                           report.notes, report.runs, report.extras)
-        text = render.get(fmt).render(shown)
+        text = _renderer(args, fmt, to_file=bool(args.output)).render(shown)
     if args.output:
         atomic_write(args.output, text)
     else:

@@ -114,8 +114,13 @@ def _dump(doc: dict, path: str) -> None:
 
 
 def export_chrome(trace, out: str, steps=None, ranks: Optional[Sequence[int]] = None,
-                  per_rank: bool = False) -> List[str]:
-    """Write the timeline; returns the paths written."""
+                  per_rank: bool = False, on_rank=None) -> List[str]:
+    """Write the timeline; returns the paths written. ``on_rank(done,
+    total)`` is called after each rank (progress display)."""
+    def tick(i, n):
+        if on_rank is not None:
+            on_rank(i, n)
+
     view = trace.filter(ranks=ranks, steps=steps)
     ev = view.events(["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "bytes",
                       "dtype", "group", "group_size", "seq", "blocking", "items"])
@@ -136,17 +141,21 @@ def export_chrome(trace, out: str, steps=None, ranks: Optional[Sequence[int]] = 
                 stem = stem[: -len(ext)]
                 break
         suffix = ".json.gz" if out.endswith(".gz") else ".json"
-        for rank, g in ev.groupby("rank"):
+        n = int(ev["rank"].nunique())
+        for i, (rank, g) in enumerate(ev.groupby("rank")):
             doc = dict(header, distributedInfo={"rank": int(rank), "world_size": world,
                                                 "backend": trace.meta.get("backend")},
                        traceEvents=rank_events(g, int(rank), base, hosts.get(int(rank))))
             path = f"{stem}.rank{int(rank)}{suffix}"
             _dump(doc, path)
             written.append(path)
+            tick(i + 1, n)
         return written
     events: List[dict] = []
-    for rank, g in ev.groupby("rank"):
+    n = int(ev["rank"].nunique())
+    for i, (rank, g) in enumerate(ev.groupby("rank")):
         events += rank_events(g, int(rank), base, hosts.get(int(rank)))
+        tick(i + 1, n)
     events += flows(ev, base)
     doc = dict(header, distributedInfo={"rank": int(ev["rank"].min()), "world_size": world,
                                         "backend": trace.meta.get("backend"), "merged_ranks":

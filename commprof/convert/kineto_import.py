@@ -65,9 +65,10 @@ def _bounded(pool, fn, jobs, depth):
 
 
 def import_kineto(inputs: List[str], out_path: str, rank: Optional[int] = None, workers: int = 0,
-                  dask: Optional[str] = None) -> Dict[str, Any]:
+                  dask: Optional[str] = None, on_file=None) -> Dict[str, Any]:
     """Convert Kineto traces into one merged commprof trace at ``out_path``,
-    rank by rank (memory bounded by a few ranks' events)."""
+    rank by rank (memory bounded by a few ranks' events). ``on_file(done,
+    total)`` is called after each file (progress display)."""
     from ..trace.metadata import run_metadata
     from ..trace.parquet import TraceWriter
 
@@ -86,6 +87,8 @@ def import_kineto(inputs: List[str], out_path: str, rank: Optional[int] = None, 
             writer.write(table)
             metas.append(meta)
             del table
+            if on_file is not None:
+                on_file(len(metas), len(files))
         run = run_metadata(metas, {"launcher": "kineto-import",
                                    "imported_from": [os.path.basename(f) for f in files]})
         run["framework"] = run.get("framework") or "ddp"
