@@ -158,3 +158,42 @@ def local_slurm(tmp_path_factory):
     s.up()
     yield s
     s.down()
+
+
+def run_in_pty(cmd, columns=100, env=None, timeout=240):
+    """Run ``cmd`` with stdout and stderr on a real pseudo-terminal of
+    ``columns`` columns (what a person at a terminal sees); returns
+    (exit code, everything written, ANSI escapes included)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time as _time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = dict(env or venv_env())
+    env.pop("COLUMNS", None)
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=env, cwd=ROOT)
+    os.close(slave)
+    out, deadline = b"", _time.monotonic() + timeout
+    try:
+        while _time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+                if not data:
+                    break
+                out += data
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(), out.decode("utf-8", "replace")

@@ -1,0 +1,72 @@
+"""The HTML report in a real browser (headless Chromium, installed by
+``make test`` where apt exists): every figure draws, no JavaScript error,
+no label cut off, wide tables scroll inside their box, titles and
+how-to-read lines present, readable in the light and the dark colour
+scheme. Screenshots go to ``$COMMPROF_ARTIFACTS`` (default: artifacts/ in
+the repository), kept by CI."""
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT, commprof_cmd, run, venv_env
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import check_html_render as chk  # noqa: E402
+
+ARTIFACTS = os.environ.get("COMMPROF_ARTIFACTS") or os.path.join(ROOT, "artifacts")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    path = chk.find_chromium()
+    if not path:
+        pytest.skip("no chromium here (make test installs Debian's chromium where it runs as root with apt)")
+    return path
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+def test_study_report_renders(chromium, tmp_path, dark):
+    """Two configurations x three GPU counts: 4 figures, all checks pass."""
+    html = chk.study_report(str(tmp_path / "study.html"))
+    shot = os.path.join(ARTIFACTS, "html", f"study-{'dark' if dark else 'light'}.png")
+    result = chk.check(html, chromium, dark=dark, screenshot=shot)
+    assert result["dark"] is dark
+    assert chk.problems(result, min_figures=4) == []
+    assert os.path.getsize(shot) > 10_000
+
+
+def test_the_checks_catch_a_broken_report(chromium, tmp_path):
+    """A report with a JS error, labels pushed off the figure and a table
+    that does not scroll fails each of those checks."""
+    text = open(chk.study_report(str(tmp_path / "ok.html")), encoding="utf-8").read()
+    broken = (text.replace("<div class='scroll'>", "<div>").replace('"automargin": true', '"automargin": false')
+              .replace('"margin": {"t": 50, "r": 30}', '"margin": {"t": 50, "r": 30, "l": 0}')
+              .replace("</body>", "<script>noSuchFunction()</script></body>"))
+    path = tmp_path / "broken.html"
+    path.write_text(broken, encoding="utf-8")
+    bad = chk.problems(chk.check(str(path), chromium))
+    assert any("noSuchFunction" in b for b in bad)
+    assert any(b.startswith("label cut off: fig0") for b in bad)
+    assert any("wider than the window" in b for b in bad)
+
+
+@pytest.mark.slow
+def test_demo_report_renders(chromium, tmp_path):
+    """What ``make demo`` shows (ResNet-18, DDP, 2 CPU ranks, here with
+    fewer and smaller steps) next to its 1-process run: the report draws in
+    both colour schemes; screenshots kept."""
+    env = venv_env()
+    resnet = [sys.executable, os.path.join(ROOT, "workloads", "resnet.py"), "--steps", "8", "--image-size", "32",
+              "--no-val"]
+    for name, nproc in (("one", None), ("two", "2")):
+        opts = ["--nproc", nproc] if nproc else []
+        proc = run(commprof_cmd("record", "-o", str(tmp_path / name), *opts, "--", *resnet), timeout=400, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    html = str(tmp_path / "report.html")
+    proc = run(commprof_cmd("report", str(tmp_path / "one"), str(tmp_path / "two"), "-o", html), env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for dark in (False, True):
+        shot = os.path.join(ARTIFACTS, "html", f"demo-{'dark' if dark else 'light'}.png")
+        result = chk.check(html, chromium, dark=dark, screenshot=shot)
+        assert chk.problems(result, min_figures=4) == [], result
