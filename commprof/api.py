@@ -278,11 +278,47 @@ def load(paths: Union[PathLike, Sequence[PathLike]]) -> Union[Trace, Comparison]
     """Open one run (a ``Trace``) or several (a ``Comparison``).
 
     A path is a merged ``trace.parquet``, a record folder or a shard folder.
-    Nothing is read but metadata until a method needs events."""
+    A study folder (``commprof sweep``'s output) opens as a ``Comparison``
+    of its runs. Nothing is read but metadata until a method needs events."""
     if isinstance(paths, (str, Trace)) or hasattr(paths, "__fspath__"):
-        return _one(paths)
-    traces = join_jobs([_one(p) for p in paths])
+        expanded = _expand([paths])
+        if len(expanded) == 1:
+            return _one(expanded[0])
+        paths = expanded
+    traces = join_jobs([_one(p) for p in _expand(paths)])
     return traces[0] if len(traces) == 1 else compare(traces)
+
+
+def study_runs(folder: str) -> List[str]:
+    """The record folders of a study (``commprof sweep``'s
+    ``STUDY/<configuration>/<N>/``, or any tree of record folders) that
+    hold a merged trace, sorted; attempts set aside (``*.failed-*``) are
+    left out."""
+    out = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if ".failed-" not in d and d not in ("shards", ".nodes", "report"))
+        if _assemble.TRACE_FILE in files and root != folder:
+            out.append(root)
+            dirs[:] = []
+    return out
+
+
+def _expand(paths: Sequence[PathLike]) -> List[PathLike]:
+    """Paths with every study folder (a folder of record folders, no trace
+    of its own) replaced by its runs."""
+    out: List[PathLike] = []
+    for p in paths:
+        if isinstance(p, (str, os.PathLike)) and os.path.isdir(p) and \
+                not os.path.isfile(os.path.join(p, _assemble.TRACE_FILE)):
+            try:
+                _assemble.resolve(str(p))
+            except Exception:
+                runs = study_runs(str(p))
+                if runs:
+                    out += runs
+                    continue
+        out.append(p)
+    return out
 
 
 def _one(p: PathLike) -> Trace:
@@ -296,7 +332,7 @@ def _one(p: PathLike) -> Trace:
 def compare(traces: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
             group_by: Optional[Sequence[str]] = None) -> Comparison:
     """Analyse several runs together (grouped by configuration and GPU count)."""
-    return Comparison(join_jobs([_one(t) for t in traces]), warmup, batch_size, group_by)
+    return Comparison(join_jobs([_one(t) for t in _expand(traces)]), warmup, batch_size, group_by)
 
 
 def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
@@ -305,7 +341,7 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
     ``commprof report`` prints is this report."""
     from .analyzers.report import build_report
 
-    traces = join_jobs([_one(p) for p in paths])
+    traces = join_jobs([_one(p) for p in _expand(paths)])
     if traces and all(is_bench(t) for t in traces):
         return model(traces), []
     if any(is_bench(t) for t in traces):

@@ -186,6 +186,31 @@ def build_parser() -> argparse.ArgumentParser:
     nt.add_argument("-o", "--output", default=None, metavar="FILE", help="results JSON (default: print the table)")
     nt.add_argument("--model", default=None, metavar="FILE", help="fit and write the alpha-beta model")
     nt.add_argument("--op", default=None, help="the collective, when the log does not say")
+    sw = sub.add_parser("sweep", help="run a scaling study: every configuration x GPU count under record",
+                        description="Run each (configuration, N) cell under commprof record into "
+                                    "STUDY/<configuration>/<N>/ (locally, or one SLURM job per cell), skip "
+                                    "complete cells, keep going past failing ones, then print the study report. "
+                                    "The command template takes {nproc}, {nodes}, {tasks_per_node}, "
+                                    "{gpus_per_node}, {cell} and every --vary key.")
+    sw.add_argument("plan", nargs="?", default=None, metavar="PLAN.toml", help="a study plan (see the README)")
+    sw.add_argument("-o", "--output", default=None, metavar="STUDY", help="the study folder (default: study)")
+    sw.add_argument("--nproc", default=None, metavar="LIST", help="GPU counts, e.g. 1,2,4,8")
+    sw.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
+                    help="a configuration key and its values (repeatable)")
+    sw.add_argument("--launcher", choices=("local", "slurm"), default=None)
+    sw.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
+                    help="SLURM layout: nodes = ceil(N / G), tasks per node = min(N, G)")
+    sw.add_argument("--partition", default=None)
+    sw.add_argument("--time", default=None, metavar="HH:MM:SS", help="SLURM time limit per cell")
+    sw.add_argument("--sbatch-args", default=None, metavar="ARGS", help="extra #SBATCH arguments (one string)")
+    sw.add_argument("--record-args", default=None, metavar="ARGS", help="extra commprof record options (one string)")
+    sw.add_argument("--cell-timeout", type=float, default=None, metavar="S",
+                    help="stop a cell running longer than S seconds (marked failed)")
+    sw.add_argument("--dry-run", action="store_true", help="print each cell's command or job script; run nothing")
+    sw.add_argument("--force", action="store_true", help="rerun complete cells too")
+    sw.add_argument("--no-report", action="store_true", help="do not print the study report at the end")
+    _face_options(sw)
+
     return p
 
 
@@ -193,7 +218,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        if argv[:1] == ["sweep"]:  # the template after -- is not for argparse
+            cut = argv.index("--") if "--" in argv else len(argv)
+            args = parser.parse_args(argv[:cut])
+            args.cmd = argv[cut + 1:]
+        else:
+            args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 2
@@ -211,6 +241,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_export(args)
         if args.command == "diff":
             return cmd_diff(args)
+        if args.command == "sweep":
+            return cmd_sweep(args)
         if args.command == "bench":
             from .bench.launch import bench
 
@@ -220,6 +252,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `commprof ... | head`: the reader left
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         return _fail(str(exc) if not getattr(exc, "filename", None) else f"{exc.filename}: {exc.strerror}")
     except Exception as exc:  # never a traceback for the user
@@ -366,6 +404,39 @@ def cmd_export(args) -> int:
                               on_rank=lambda done, total: (setattr(bar, "total", total), bar.advance(1)))
     sys.stderr.write(f"commprof: wrote {', '.join(paths)}\n")
     return 0
+
+
+def cmd_sweep(args) -> int:
+    import shlex
+
+    from .sweep import load_plan, sweep
+
+    cmd = list(args.cmd)
+    plan = load_plan(args.plan, command=shlex.join(cmd) if cmd else None, nproc=args.nproc, vary=args.vary,
+                     output=args.output, launcher=args.launcher, gpus_per_node=args.gpus_per_node,
+                     record_args=shlex.split(args.record_args) if args.record_args else None,
+                     cell_timeout=args.cell_timeout, partition=args.partition, time=args.time,
+                     sbatch_args=args.sbatch_args)
+    rc = sweep(plan, force=args.force, dry_run=args.dry_run)
+    if args.dry_run or args.no_report:
+        return rc
+    from .api import compare, study_runs
+
+    runs = study_runs(plan.output)
+    if runs:
+        from dataclasses import replace
+
+        report = compare(runs).report()
+        report = replace(report, tables={k: v for k, v in report.tables.items() if k in ("breakdown", "study")},
+                         notes=report.notes[:1] + [f"The whole report: commprof report {plan.output}"])
+        sys.stdout.write("\n" + _renderer(args, "table").render(_select(report, _Namespace(
+            table=None, columns=args.columns))))
+    return rc
+
+
+class _Namespace:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
 
 
 def cmd_diff(args) -> int:

@@ -1,0 +1,102 @@
+"""``commprof sweep``: a study run cell by cell under ``commprof record``
+(locally and as SLURM jobs on the real local SLURM), resumable, surviving
+failing cells, and ``commprof report STUDY/`` over the result."""
+import json
+import os
+import re
+import sys
+
+import pytest
+
+import commprof
+from conftest import ROOT, commprof_cmd, run, venv_env
+
+PY = sys.executable
+TINY = os.path.join(ROOT, "tests", "workloads", "tiny.py")
+MULTI = os.path.join(ROOT, "tests", "workloads", "multinode.py")
+
+
+def _state(study, cell):
+    with open(os.path.join(study, cell, "sweep.json")) as fh:
+        return json.load(fh)
+
+
+def test_dry_run_prints_cells_and_job_scripts(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'''
+output = "{tmp_path / 'study'}"
+command = "{{launch}} {MULTI} --steps 4"
+nproc = [1, 4, 8]
+launcher = "slurm"
+gpus_per_node = 4
+[vary.framework]
+ddp = {{launch = "srun --ntasks={{nproc}} python"}}
+[vary]
+loader = ["native", "dali"]
+[slurm]
+partition = "gpu"
+time = "00:10:00"
+request_gpus = true
+''')
+    proc = run(commprof_cmd("sweep", str(plan), "--dry-run"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("#!/bin/bash") == 6 and not (tmp_path / "study").exists()
+    block = out.split("# framework-ddp_loader-dali/8 (would run)")[1].split("\n# framework")[0]
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks=8", "#SBATCH --ntasks-per-node=4",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=00:10:00",
+                 "srun --ntasks=8 python"):
+        assert line in block, (line, block)
+    assert "--label" not in block  # framework and loader are detected by the recorder, not labels
+    # an unknown placeholder is a one-line error
+    proc = run(commprof_cmd("sweep", "--nproc", "1,2", "--dry-run", "--", PY, TINY, "--hidden", "{width}"))
+    assert proc.returncode == 2 and "unknown placeholder {width}" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_local_sweep_resumes_and_survives_a_failing_cell(tmp_path):
+    study = str(tmp_path / "study")
+    args = commprof_cmd("sweep", "-o", study, "--nproc", "1,2", "--vary", "hidden=64,x",
+                        "--", PY, TINY, "--steps", "5", "--hidden", "{hidden}")
+    proc = run(args, timeout=400)
+    assert proc.returncode == 1, proc.stdout + proc.stderr      # a cell failed; the others ran
+    assert re.search(r"hidden-x/1\s+failed", proc.stdout) and re.search(r"hidden-x/2\s+failed", proc.stdout)
+    assert re.search(r"hidden-64/1\s+done", proc.stdout) and re.search(r"hidden-64/2\s+done", proc.stdout)
+    assert _state(study, "hidden-64/2")["status"] == "done"
+    assert "invalid int value" in open(os.path.join(study, "hidden-x", "1", "sweep.log")).read()
+    # the study report at the end: one configuration at 1 and 2 GPUs (N = 1: a plain process)
+    assert "Side by side" in proc.stdout
+    c = commprof.load(study)
+    bd = c.report().tables["breakdown"].frame
+    assert sorted(bd["gpus"]) == [1, 2] and bd["config"].nunique() == 1
+    # resume: complete cells are skipped (not rerun), failed ones retried, their attempt kept aside
+    before = os.path.getmtime(os.path.join(study, "hidden-64", "2", "trace.parquet"))
+    proc = run(args, timeout=400)
+    assert proc.returncode == 1
+    assert re.search(r"hidden-64/1\s+skipped \(complete\)", proc.stdout)
+    assert re.search(r"hidden-64/2\s+skipped \(complete\)", proc.stdout)
+    assert os.path.getmtime(os.path.join(study, "hidden-64", "2", "trace.parquet")) == before
+    assert os.path.isdir(os.path.join(study, "hidden-x", "1.failed-1"))
+    # commprof report STUDY/ reads every complete cell
+    proc = run(commprof_cmd("report", study, "--table", "study", "--format", "csv"))
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split(",")[0] for line in proc.stdout.strip().split("\n")[1:]] == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_slurm_sweep_one_job_per_cell(local_slurm, tmp_path):
+    study = str(tmp_path / "study")
+    env = local_slurm.env(venv_env())
+    proc = run(commprof_cmd("sweep", "-o", study, "--launcher", "slurm", "--nproc", "1,2", "--gpus-per-node", "2",
+                            "--time", "00:05:00", "--cell-timeout", "300",
+                            "--", PY, MULTI, "--steps", "5"), env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for n in (1, 2):
+        st = _state(study, f"default/{n}")
+        assert st["status"] == "done" and st["launcher"] == "slurm" and st["job_id"].isdigit()
+        t = commprof.load(os.path.join(study, "default", str(n)))
+        assert t.meta["world_size"] == n and t.meta["launcher"] == "srun"
+        assert {m["slurm_job_id"] for m in t.ranks} == {st["job_id"]}
+        assert "#SBATCH --ntasks=%d" % n in open(os.path.join(study, "default", str(n), "sweep.sbatch")).read()
+    bd = commprof.load(study).report().tables["breakdown"].frame
+    assert sorted(bd["gpus"]) == [1, 2]
