@@ -378,6 +378,8 @@ class CollectiveStats:
             "skew_ms": (i["max_start"] - i["min_start"]) / 1e6,
             "transfer_ms": (i["sum_end"] / i["n"] - (i["max_start"] - self._t_ref)) / 1e6,
             "last_rank": i["last_rank"], "bytes": i["bytes"],
+            # relative to the first issue seen (aligned clocks): for chaining instances
+            "last_issue_ms": (i["max_start"] - self._t_ref) / 1e6, "mean_end_ms": i["sum_end"] / i["n"] / 1e6,
         }).reset_index(drop=True)
 
     def mismatches(self, limit: int = 20) -> pd.DataFrame:

@@ -265,3 +265,38 @@ def diff_report(table: pd.DataFrame, a: str, b: str) -> Report:
                   tables={"diff": Table("What changed (B - A)", table, DIFF_COLUMNS)},
                   notes=["Exposed shares and ms per step (share x median step time); collectives: "
                          "calls per step and rank, bytes per call, mean latency."])
+
+
+PREDICT_TABLE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("kind", "kind", ""), ("scenario", "what-if", ""),
+    ("step_ms", "step ms", ".2f"), ("step_ms_lo", "step ms lo", ".2f"), ("step_ms_hi", "step ms hi", ".2f"),
+    ("samples_per_s", "samples/s", ".1f"), ("efficiency_pct", "eff %", ".1f"), ("comm_pct", "comm %", ".1f"),
+    ("data_pct", "data %", ".1f"), ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
+    ("speedup", "speedup", ".2f"), ("batch_per_rank", "batch/rank", ".1f"), ("source_gpus", "from GPUs", "d"),
+]
+VALIDATE_TABLE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("mode", "predicted", ""),
+    ("from_gpus", "from GPUs", "d"), ("measured_ms", "measured ms", ".2f"), ("predicted_ms", "predicted ms", ".2f"),
+    ("step_err_pct", "step err %", "+.1f"), ("tput_err_pct", "throughput err %", "+.1f"),
+    ("comm_err_pp", "comm err pp", "+.1f"), ("data_err_pp", "data err pp", "+.1f"),
+    ("compute_err_pp", "compute err pp", "+.1f"),
+]
+
+
+def predict_report(table: pd.DataFrame, validation=None, notes: Sequence[str] = ()) -> Report:
+    """``commprof predict``'s report: measured, predicted and what-if rows
+    (plus the validation of the model on the measured sizes)."""
+    tables = {"prediction": Table("Measured and predicted per GPU count (predicted rows: replayed steps, "
+                                  "interval lo-hi)", table, PREDICT_TABLE_COLUMNS)}
+    out_notes = list(notes)
+    if validation is not None:
+        tables["validation"] = Table("Validation: each measured size predicted from the other runs",
+                                     validation.rows, VALIDATE_TABLE_COLUMNS)
+        if validation.summary:
+            s = validation.summary
+            out_notes.insert(0, f"Validation: median |step-time error| {s['median_abs_step_err_pct']:.1f} %, "
+                                f"worst {s['max_abs_step_err_pct']:.1f} % over {s['cases']} predictions.")
+        else:
+            out_notes.insert(0, "Validation: nothing to validate (needs two or more measured GPU counts of a "
+                                "configuration, one of them with communication).")
+    return Report(title="commprof predict", tables=tables, notes=out_notes)

@@ -186,6 +186,32 @@ def build_parser() -> argparse.ArgumentParser:
     nt.add_argument("-o", "--output", default=None, metavar="FILE", help="results JSON (default: print the table)")
     nt.add_argument("--model", default=None, metavar="FILE", help="fit and write the alpha-beta model")
     nt.add_argument("--op", default=None, help="the collective, when the log does not say")
+    pr = sub.add_parser("predict", help="extend a study to GPU counts nobody ran (trace-driven replay)",
+                        description="Replay measured steps (data, forward, backward with each bucket's ready "
+                                    "instant, optimizer) with communication times for N ranks from a bench "
+                                    "model, a described network, or an alpha-beta model fitted to the measured "
+                                    "collectives. --validate predicts each measured size from the others.")
+    pr.add_argument("traces", nargs="+", metavar="RUN", help="record folders, traces or a study folder")
+    pr.add_argument("--to", default=None, metavar="LIST", help="GPU counts to predict, e.g. 8,16,32,64,1024")
+    pr.add_argument("--scaling", choices=("weak", "strong"), default="weak",
+                    help="weak: per-rank batch fixed (default); strong: global batch fixed")
+    pr.add_argument("--what-if", action="append", default=[], metavar="KEY=VALUE",
+                    help="bucket_cap_mb=100, bandwidth=2x, latency=0.5x, overlap=off (repeatable)")
+    pr.add_argument("--bench", default=None, metavar="MODEL.json", help="a commprof bench --model file")
+    pr.add_argument("--network", default=None, metavar="SPEC",
+                    help="bw=25GB/s,latency=5us[,gpus_per_node=8,intra_bw=150GB/s,intra_latency=2us]")
+    pr.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
+                    help="ranks per node for a fitted model's intra/inter split (default: as measured)")
+    pr.add_argument("--validate", action="store_true", help="also predict each measured size from the others")
+    pr.add_argument("--warmup", type=int, default=1)
+    pr.add_argument("--steps", type=int, default=60, help="simulated steps per replay")
+    pr.add_argument("--reps", type=int, default=24, help="replays (for the mean and the interval)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--format", choices=FORMATS, default=None)
+    pr.add_argument("-o", "--output", metavar="FILE", default=None)
+    pr.add_argument("--table", metavar="NAME", default=None)
+    _face_options(pr)
+
     sw = sub.add_parser("sweep", help="run a scaling study: every configuration x GPU count under record",
                         description="Run each (configuration, N) cell under commprof record into "
                                     "STUDY/<configuration>/<N>/ (locally, or one SLURM job per cell), skip "
@@ -243,6 +269,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_diff(args)
         if args.command == "sweep":
             return cmd_sweep(args)
+        if args.command == "predict":
+            return cmd_predict(args)
         if args.command == "bench":
             from .bench.launch import bench
 
@@ -403,6 +431,25 @@ def cmd_export(args) -> int:
         paths = export_chrome(load(args.trace), args.output, steps=steps, ranks=ranks, per_rank=args.per_rank,
                               on_rank=lambda done, total: (setattr(bar, "total", total), bar.advance(1)))
     sys.stderr.write(f"commprof: wrote {', '.join(paths)}\n")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from . import render
+    from .predict import predict
+    from .trace.files import atomic_write
+
+    report = predict(args.traces, to=args.to, mode=args.scaling, what_if=args.what_if, bench=args.bench,
+                     network=args.network, gpus_per_node=args.gpus_per_node, validate=args.validate,
+                     warmup=args.warmup, steps=args.steps, reps=args.reps, seed=args.seed)
+    fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"
+    shown = _select(report, args)
+    text = (render.RENDERERS["csv"](table=args.table).render(shown) if fmt == "csv"
+            else _renderer(args, fmt, to_file=bool(args.output)).render(shown))
+    if args.output:
+        atomic_write(args.output, text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

@@ -68,3 +68,53 @@ def write_run(path, ranks_rows, meta=None, rank_metas=None):
     metas = rank_metas or [{"rank": r, "world_size": world} for r in sorted(ranks_rows)]
     write_trace(table, str(path), run, metas)
     return str(path)
+
+
+def modelled_run(world, steps, hop_s=50e-6, bus_Bps=1e9, sizes=(2e6, 8e6, 16e6), ready_frac=(0.3, 0.7, 1.0),
+                 data_ms=(2.0, 6.0), fwd_ms=10.0, bwd_ms=30.0, opt_ms=4.0, seed=0):
+    """{rank: rows} of a DDP-like job whose communication follows a known
+    model exactly: bucket k (``sizes[k]`` bytes) is ready at
+    ``ready_frac[k]`` of each rank's backward, its all_reduce starts when
+    the last rank has it ready and the previous bucket is done, and lasts
+    hop_s x (N - 1) + S x 2(N-1)/N / bus_Bps; each rank's data time is
+    uniform in ``data_ms`` every step (jitter: the slowest rank gates)."""
+    import random
+
+    rnd = random.Random(seed * 7919 + world)
+    t = [0.0] * world  # seconds, per rank
+    rows = {r: [] for r in range(world)}
+    seq = 0
+    for s in range(steps):
+        data = [rnd.uniform(*data_ms) / 1e3 for _ in range(world)]
+        b0 = [t[r] + data[r] + fwd_ms / 1e3 for r in range(world)]
+        b1 = [b + bwd_ms / 1e3 for b in b0]
+        end = 0.0
+        ends = []
+        for k, (size, frac) in enumerate(zip(sizes, ready_frac)):
+            ready = [b + frac * bwd_ms / 1e3 for b in b0]
+            start = max(max(ready), end)
+            dur = hop_s * (world - 1) + size * 2 * (world - 1) / world / bus_Bps if world > 1 else 0.0
+            end = start + dur
+            ends.append((ready, end))
+        for r in range(world):
+            ns = lambda x: int(round(x * 1e9))  # noqa: E731
+            rr = rows[r]
+            rr.append(row(s, "data", "dataloader", ns(t[r]), ns(t[r] + data[r]), source="DataLoader", items=32))
+            rr.append(row(s, "compute", "forward", ns(t[r] + data[r]), ns(b0[r]), source="nn.Module", detail="M",
+                          items=32))
+            last_issue = b0[r]
+            if world > 1:
+                for k, (ready, e) in enumerate(ends):
+                    rr.append(row(s, "comm", "all_reduce", ns(ready[r]), ns(e), source="ddp_reducer",
+                                  detail="default", nbytes=int(sizes[k]), dtype="torch.float32", group="0",
+                                  group_size=world, seq=seq + k, blocking=False))
+                    last_issue = ready[r]
+            rr.append(row(s, "compute", "backward", ns(b0[r]), ns(b1[r]), source="autograd"))
+            done = max(b1[r], end) if world > 1 else b1[r]
+            if done > b1[r]:
+                rr.append(row(s, "wait", "comm_wait", ns(b1[r]), ns(done), source="autograd"))
+            rr.append(row(s, "compute", "optimizer", ns(done), ns(done + opt_ms / 1e3), source="torch.optim"))
+            rr.append(row(s, "step", "step", ns(t[r]), ns(done + opt_ms / 1e3), source="torch.optim", items=32))
+            t[r] = done + opt_ms / 1e3
+        seq += len(sizes)
+    return rows

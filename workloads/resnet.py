@@ -79,6 +79,10 @@ def parse_args(argv=None):
                         "writes FILE-stem.rank<R>.json with per-step wall and CPU (process_time) times")
     p.add_argument("--result", default=None, metavar="FILE",
                    help="rank 0 writes its summary (losses, accuracy, throughput) here as JSON")
+    p.add_argument("--emulate-device-ms", default=None, metavar="FWD,BWD",
+                   help="GPU-like timing on a CPU with fewer cores than ranks: each layer's forward and backward "
+                        "also take their share (by FLOPs) of FWD / BWD ms per step, spent waiting as on an "
+                        "accelerator (the CPU is free meanwhile); use with a small --image-size / --batch-size")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -188,6 +192,58 @@ class DaliLoader:
             yield batch[0]["data"], batch[0]["label"].view(-1).long()
 
 
+# -- emulated device time ----------------------------------------------------------------
+def layer_weights(model, image_size):
+    """Each leaf module's share of the step's device time: FLOPs of conv and
+    linear layers (2 x MACs), 10 x output elements for the memory-bound rest
+    (batch norm, activations, pooling), measured with hooks on one sample."""
+    weights, hooks = {}, []
+
+    def hook(mod, inp, out):
+        elems = out.numel() if torch.is_tensor(out) else 0
+        if isinstance(mod, nn.Conv2d):
+            k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
+            w = 2.0 * elems * k
+        elif isinstance(mod, nn.Linear):
+            w = 2.0 * elems * mod.in_features
+        else:
+            w = 10.0 * elems
+        weights[mod] = weights.get(mod, 0.0) + w
+
+    for m in model.modules():
+        if not list(m.children()):
+            hooks.append(m.register_forward_hook(hook))
+    was = model.training
+    model.eval()  # batch norm on one sample
+    with torch.no_grad():
+        model(torch.zeros(1, 3, image_size, image_size))
+    model.train(was)
+    for h in hooks:
+        h.remove()
+    total = sum(weights.values()) or 1.0
+    return {m: w / total for m, w in weights.items()}
+
+
+def emulate_device(model, fwd_ms, bwd_ms, image_size):
+    """Sleep each layer's share of fwd_ms after its forward and of bwd_ms
+    when its gradient is computed (a parameter hook: the autograd engine
+    waits, so later gradients — and DDP's buckets — become ready as they
+    would on a device); parameterless layers' backward share goes to the
+    next layer with parameters in backward order."""
+    weights = layer_weights(model, image_size)
+    order = [m for m in model.modules() if m in weights]
+    for m in order:
+        m.register_forward_hook(lambda mod, inp, out, d=fwd_ms * weights[m] / 1e3: time.sleep(d))
+    carry = 0.0
+    for m in order:  # forward order; backward runs in reverse, carry the parameterless share backwards
+        carry += weights[m]
+        params = [p for p in m.parameters(recurse=False) if p.requires_grad]
+        if params:
+            d = bwd_ms * carry / 1e3
+            params[0].register_hook(lambda g, d=d: (time.sleep(d), g)[1])
+            carry = 0.0
+
+
 # -- frameworks ----------------------------------------------------------------------
 def setup(args):
     env_world = int(os.environ.get("WORLD_SIZE", os.environ.get("HOROVOD_SIZE", 1)))
@@ -257,6 +313,12 @@ def main(argv=None):
 
     torch.manual_seed(args.seed)
     model = getattr(torchvision.models, args.arch)(weights=None, num_classes=args.num_classes).to(device)
+    if args.emulate_device_ms:
+        try:
+            fwd_ms, bwd_ms = (float(v) for v in args.emulate_device_ms.split(","))
+        except ValueError:
+            raise SystemExit(f"--emulate-device-ms expects FWD,BWD in ms, got {args.emulate_device_ms!r}")
+        emulate_device(model, fwd_ms, bwd_ms, args.image_size)
     global_batch = args.batch_size * world
     lr = scaled_lr(args.lr, global_batch)  # linear scaling rule
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)

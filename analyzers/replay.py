@@ -1,0 +1,628 @@
+"""Trace-driven prediction of a data-parallel job at GPU counts nobody ran.
+
+From a measured run, every (rank, step) becomes a *sample* of the step's
+structure: the time from the step's start to the backward's start (data
+wait, forward, anything else before), the backward's compute time, the
+instant each gradient bucket became ready (its all_reduce issued) relative
+to the backward's start, the bucket sizes in order, blocking collectives
+(their measured time taken out, their size kept), and what follows the
+backward (optimizer, anything else). :func:`replay` rebuilds steps for N
+ranks: each simulated rank draws its own sample every step (so the slowest
+of N gets slower as N grows, as the measured per-rank jitter says), each
+bucket's collective starts when the last rank has it ready *and* the
+previous bucket is done (one communication stream), lasts the
+communication model's time for its size at N, and a rank's step ends when
+its backward and the last bucket are done, plus what follows. Exposed
+communication is what the backward did not hide; weak scaling keeps the
+per-rank batch, strong scaling shrinks per-rank data, forward and backward
+time (and the ready instants) by N_measured / N.
+
+Communication models (:class:`CommModel`): ring collectives, ``T(S, N) =
+hop x (N - 1) + S x f(N) / B`` with the nccl-tests bus factor f (2(N-1)/N
+for all_reduce, (N-1)/N for reduce_scatter / all_gather, 1 for broadcast);
+``hop`` and the bus bandwidth B fitted to the measured collectives' transfer
+times (completion - last arrival, so waiting for late ranks is not counted
+twice), taken from a ``commprof bench`` model (exact at its own N,
+ring-extrapolated elsewhere), or from a network a user describes (intra-
+and inter-node bandwidth and latency, GPUs per node).
+
+Pure: numpy / pandas in, arrays and DataFrames out."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+NS = 1e9
+
+
+def bus_factor(op: str, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+# -- step structure ---------------------------------------------------------------
+@dataclass
+class Structure:
+    """Per (rank, step) samples of one measured run (times in seconds)."""
+    world: int
+    batch: float                   # per-rank batch
+    pre: np.ndarray                # step start -> backward start (blocking comm taken out)
+    data: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray           # backward compute (start -> end)
+    post: np.ndarray               # after backward and comm -> step end (blocking comm taken out)
+    optimizer: np.ndarray
+    ready: np.ndarray              # (M, K) bucket ready instants from the backward's start
+    sizes: np.ndarray              # (K,) bytes per bucket
+    ops: List[str]                 # (K,) collective of each bucket
+    comm_measured: np.ndarray      # (M, K) measured issue -> completion per bucket
+    blocking: List[Tuple[str, float, str]]  # per step: (op, bytes, "pre" | "post") of blocking collectives
+    step: np.ndarray               # measured step time of each sample
+    label: str = ""
+
+    @property
+    def samples(self) -> int:
+        return len(self.pre)
+
+    @property
+    def buckets(self) -> int:
+        return len(self.sizes)
+
+
+def structure(events: pd.DataFrame, world: int, batch: Optional[float], warmup: int = 1,
+              label: str = "") -> Structure:
+    """The step structure of one run from its events (columns: rank, step,
+    category, name, t_start, t_end, bytes, blocking, op name in ``name``).
+    ``warmup``: the first steps of every rank left out."""
+    ev = events.copy()
+    ev["category"] = ev["category"].astype(str)
+    ev["name"] = ev["name"].astype(str)
+    steps = ev[ev["category"] == "step"][["rank", "step", "t_start", "t_end"]]
+    steps = steps.sort_values(["rank", "step"])
+    first = steps.groupby("rank")["step"].transform("min")
+    steps = steps[steps["step"] >= first + warmup]
+    if steps.empty:
+        raise ValueError(f"{label or 'run'}: no measured step (after {warmup} warm-up step(s))")
+    key = ["rank", "step"]
+    dur = (ev["t_end"] - ev["t_start"]).astype(np.float64)
+    ev = ev.assign(dur=dur)
+    comp = ev[ev["category"] == "compute"]
+    bw = comp[comp["name"] == "backward"].groupby(key).agg(b0=("t_start", "min"), b1=("t_end", "max"))
+    fwd = _union(comp[comp["name"] == "forward"], key).rename("forward")  # nested modules: union
+    opt = comp[comp["name"] == "optimizer"].groupby(key)["dur"].sum().rename("optimizer")
+    data = ev[ev["category"] == "data"].groupby(key)["dur"].sum().rename("data")
+    s = steps.set_index(key).join([bw, fwd, opt, data], how="left")
+    s = s[s["b0"].notna()]
+    if s.empty:
+        raise ValueError(f"{label or 'run'}: no backward pass recorded (the replay needs one per step)")
+    s[["forward", "optimizer", "data"]] = s[["forward", "optimizer", "data"]].fillna(0.0)
+    comm = ev[ev["category"] == "comm"].join(s[["b0", "b1", "t_start", "t_end"]].rename(
+        columns={"t_start": "s0", "t_end": "s1"}), on=key, how="inner").reset_index(drop=True)
+    blocking = comm["blocking"].fillna(True).astype(bool)
+    in_bw = (~blocking) & (comm["t_start"] >= comm["b0"]) & (comm["t_start"] <= comm["b1"] + 1e6)
+    buckets = comm[in_bw].sort_values(key + ["t_start"])
+    blk = comm[blocking]
+    counts = buckets.groupby(key).size()
+    k_mode = int(counts.mode().iloc[0]) if len(counts) else 0
+    if k_mode:
+        good = counts[counts == k_mode].index
+        s = s.loc[s.index.intersection(good)]
+        buckets = buckets.set_index(key).loc[s.index].reset_index()
+    else:
+        s = s.loc[s.index.difference(counts.index)]
+    m = len(s)
+    ready = np.zeros((m, k_mode))
+    cm = np.zeros((m, k_mode))
+    sizes = np.zeros(k_mode)
+    ops = []
+    comm_end = s["b1"].to_numpy(np.float64)
+    if k_mode:
+        b = buckets.sort_values(key + ["t_start"])
+        order = b.groupby(key).cumcount().to_numpy()
+        pos = pd.Series(np.arange(m), index=s.index)
+        rows = pos.loc[list(zip(b["rank"], b["step"]))].to_numpy()
+        ready[rows, order] = (b["t_start"].to_numpy(np.float64) - s["b0"].to_numpy(np.float64)[rows])
+        cm[rows, order] = b["dur"].to_numpy(np.float64)
+        sizes = b.groupby(order)["bytes"].median().to_numpy(np.float64)
+        ops = [str(x) for x in b.groupby(order)["name"].agg(lambda v: v.mode().iloc[0])]
+        last_end = b.groupby(key)["t_end"].max().reindex(s.index).to_numpy(np.float64)
+        comm_end = np.maximum(comm_end, last_end)
+    # blocking collectives: measured time out of pre / post, sizes kept per step
+    bpre = blk[blk["t_start"] < blk["b0"]].groupby(key)["dur"].sum().reindex(s.index).fillna(0).to_numpy()
+    bpost = blk[blk["t_start"] >= blk["b1"]].groupby(key)["dur"].sum().reindex(s.index).fillna(0).to_numpy()
+    per_step = blk.groupby(key).size()
+    blocking_list: List[Tuple[str, float, str]] = []
+    if len(per_step):
+        typical = int(per_step.mode().iloc[0])
+        ex = blk.set_index(key).loc[per_step[per_step == typical].index[:1]]
+        blocking_list = [(str(o), float(nb) if nb == nb and nb else 0.0, "pre" if ts < b0_ else "post")
+                         for o, nb, ts, b0_ in zip(ex["name"], ex["bytes"], ex["t_start"], ex["b0"])]
+    s0, s1 = s["t_start"].to_numpy(np.float64), s["t_end"].to_numpy(np.float64)
+    b0, b1 = s["b0"].to_numpy(np.float64), s["b1"].to_numpy(np.float64)
+    pre = (b0 - s0) - bpre
+    post = np.maximum(s1 - comm_end, 0.0) - bpost
+    return Structure(world=int(world), batch=float(batch or 1), pre=pre / NS, data=s["data"].to_numpy() / NS,
+                     forward=s["forward"].to_numpy() / NS, backward=(b1 - b0) / NS, post=np.maximum(post, 0) / NS,
+                     optimizer=s["optimizer"].to_numpy() / NS, ready=ready / NS, sizes=sizes, ops=ops,
+                     comm_measured=cm / NS, blocking=blocking_list, step=(s1 - s0) / NS, label=label)
+
+
+def _union(ev: pd.DataFrame, key: List[str]) -> pd.Series:
+    """Per key: the length of the union of [t_start, t_end] intervals."""
+    if ev.empty:
+        return pd.Series(dtype=np.float64)
+    e = ev.sort_values(key + ["t_start"])
+    start = e["t_start"].to_numpy(np.float64)
+    end = e["t_end"].to_numpy(np.float64)
+    grp = e.groupby(key).ngroup().to_numpy()
+    out = np.zeros(grp.max() + 1)
+    cur_g, cur_s, cur_e = -1, 0.0, 0.0
+    for g, a, b in zip(grp, start, end):
+        if g != cur_g or a > cur_e:
+            if cur_g >= 0:
+                out[cur_g] += cur_e - cur_s
+            if g != cur_g:
+                cur_g = g
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    out[cur_g] += cur_e - cur_s
+    idx = e.groupby(key).size().index
+    return pd.Series(out, index=idx)
+
+
+# -- communication models ----------------------------------------------------------
+@dataclass
+class CommModel:
+    """Ring-collective time: hop x (N - 1) + S x f(N) / B (seconds)."""
+    hop_s: float = 0.0
+    bus_Bps: float = float("inf")
+    #: intra-node bus bandwidth and hop latency (None: same as across nodes)
+    intra_Bps: Optional[float] = None
+    intra_hop_s: Optional[float] = None
+    gpus_per_node: int = 1
+    #: relative uncertainty of a prediction (median |relative residual| of the fit)
+    rel_err: float = 0.0
+    source: str = "fit"
+    #: exact pieces at one N (a commprof bench model): {op: pieces}, at bench_n
+    bench: Optional[Dict[str, list]] = None
+    bench_n: int = 0
+    bw_scale: float = 1.0
+    lat_scale: float = 1.0
+    points: int = 0
+
+    def time(self, op: str, nbytes: float, n: int) -> float:
+        if n <= 1:
+            return 0.0
+        f = bus_factor(op, n)
+        if self.bench and op in self.bench:
+            from .alphabeta import predict
+
+            pieces = self.bench[op]
+            tb = predict(pieces, nbytes)
+            alpha = pieces[0]["alpha_s"] if nbytes <= pieces[0]["max_bytes"] or len(pieces) == 1 else \
+                pieces[-1]["alpha_s"]
+            nb = self.bench_n
+            if n == nb:
+                return (alpha * self.lat_scale) + (tb - alpha) / self.bw_scale
+            fb = bus_factor(op, nb) or 1.0
+            return alpha * (n - 1) / max(nb - 1, 1) * self.lat_scale + (tb - alpha) * f / fb / self.bw_scale
+        inter = n > self.gpus_per_node
+        bw = self.bus_Bps if inter or self.intra_Bps is None else self.intra_Bps
+        hop = self.hop_s if inter or self.intra_hop_s is None else self.intra_hop_s
+        return hop * (n - 1) * self.lat_scale + nbytes * f / (bw * self.bw_scale)
+
+    def describe(self) -> str:
+        if self.bench:
+            return f"commprof bench model at {self.bench_n} ranks (ring-extrapolated to other N)"
+        parts = [f"bus {self.bus_Bps / 1e9:.4g} GB/s, {self.hop_s * 1e6:.3g} us per ring hop"]
+        if self.intra_Bps:
+            parts.append(f"intra-node {self.intra_Bps / 1e9:.4g} GB/s up to {self.gpus_per_node} GPUs per node")
+        return f"{self.source}: " + "; ".join(parts)
+
+
+def busy_periods(instances: pd.DataFrame) -> pd.DataFrame:
+    """Collective instances (columns: group, seq, op, bytes, group_size,
+    last_issue_s, end_s) grouped into busy periods of each group's
+    communication: a period starts with an instance issued (by its last
+    rank) after every earlier one had completed, and ends when the last
+    of its instances completes. A work-conserving link (one stream in
+    order, NCCL; several at once sharing the bandwidth, gloo) is busy
+    for the sum of its collectives' times over a period, whatever the
+    order of completion — so each period gives one linear equation:
+    duration = hop x sum(N - 1) + sum(S x f(N)) / B."""
+    rows = []
+    for (_g, n), d in instances.sort_values(["group", "seq"]).groupby(["group", "group_size"], sort=False):
+        issue = d["last_issue_s"].to_numpy(np.float64)
+        end = d["end_s"].to_numpy(np.float64)
+        x2 = np.array([b * bus_factor(o, int(n)) for o, b in zip(d["op"], d["bytes"])])
+        p_start, p_end, hops, bus = issue[0], end[0], n - 1, x2[0]
+        for i in range(1, len(d)):
+            if issue[i] >= p_end:      # idle before: the period closes
+                rows.append((int(n), p_end - p_start, hops, bus))
+                p_start, p_end, hops, bus = issue[i], end[i], 0, 0.0
+            p_end = max(p_end, end[i])
+            hops += n - 1
+            bus += x2[i]
+        rows.append((int(n), p_end - p_start, hops, bus))
+    return pd.DataFrame(rows, columns=["group_size", "duration_s", "hops", "bus_bytes"])
+
+
+def fit_comm(instances: pd.DataFrame) -> CommModel:
+    """Fit hop latency and bus bandwidth to the busy periods of the
+    measured collectives (:func:`busy_periods`), least squares on relative
+    residuals; latency 0 where the data cannot resolve it."""
+    d = instances[(instances["bytes"] > 0) & (instances["group_size"] > 1)]
+    if d.empty:
+        raise ValueError("no collective with a size and a group of >= 2 ranks to fit the network from")
+    p = busy_periods(d)
+    p = p[p["duration_s"] > 0]
+    if p.empty:
+        raise ValueError("no collective with a positive duration to fit the network from")
+    x1, x2 = p["hops"].to_numpy(np.float64), p["bus_bytes"].to_numpy(np.float64)
+    t = p["duration_s"].to_numpy(np.float64)
+    w = 1.0 / t
+    hop, inv_b = 0.0, None
+    if len(p) >= 2 and np.ptp(x2 / np.maximum(x1, 1)) > 0:
+        sol, *_ = np.linalg.lstsq(np.stack([x1 * w, x2 * w], axis=1), np.ones_like(t), rcond=None)
+        hop, inv_b = float(sol[0]), float(sol[1])
+        if hop < 0 or inv_b <= 0:   # latency not resolvable: bandwidth only
+            hop, inv_b = 0.0, None
+    if inv_b is None:
+        inv_b = float(np.sum(x2 * t * w * w) / np.sum((x2 * w) ** 2))
+    rel = np.abs(hop * x1 + x2 * inv_b - t) / t
+    return CommModel(hop_s=hop, bus_Bps=1.0 / inv_b, rel_err=float(np.median(rel)),
+                     source="fitted to the measured collectives", points=int(len(p)))
+
+
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 1024.0, "mi": 1024.0 ** 2, "gi": 1024.0 ** 3,
+           "ti": 1024.0 ** 4}
+_TIMES = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def _rate(text: str) -> float:
+    """Bytes per second from ``25GB/s``, ``200Gbit/s``, ``200Gb/s`` (b: bits,
+    B: bytes), ``900MiB/s``."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([kKmMgGtT]i?)?(bit|b|B)/s\s*", text)
+    if not m:
+        raise ValueError(f"bandwidth {text!r}: give a number and a unit, e.g. 25GB/s, 200Gbit/s or 200Gb/s")
+    value = float(m.group(1)) * _PREFIX[(m.group(2) or "").lower()]
+    return value if m.group(3) == "B" else value / 8
+
+
+def _duration(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*(ns|us|ms|s)\s*", text)
+    if not m:
+        raise ValueError(f"latency {text!r}: give a number and ns, us, ms or s, e.g. 5us")
+    return float(m.group(1)) * _TIMES[m.group(2)]
+
+
+def network_model(spec: str) -> CommModel:
+    """A network a user describes: ``bw=25GB/s,latency=5us,gpus_per_node=8,
+    intra_bw=150GB/s,intra_latency=2us`` (bw: bus bandwidth per rank across
+    nodes; latency: per ring hop)."""
+    kv = {}
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise ValueError(f"--network: expected KEY=VALUE, got {part!r}")
+        k, v = part.split("=", 1)
+        kv[k.strip()] = v.strip()
+    known = {"bw", "latency", "gpus_per_node", "intra_bw", "intra_latency"}
+    bad = sorted(set(kv) - known)
+    if bad:
+        raise ValueError(f"--network: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    if "bw" not in kv:
+        raise ValueError("--network needs bw=... (bus bandwidth per rank across nodes, e.g. bw=25GB/s)")
+    return CommModel(hop_s=_duration(kv.get("latency", "0us")), bus_Bps=_rate(kv["bw"]),
+                     intra_Bps=_rate(kv["intra_bw"]) if "intra_bw" in kv else None,
+                     intra_hop_s=_duration(kv["intra_latency"]) if "intra_latency" in kv else None,
+                     gpus_per_node=int(kv.get("gpus_per_node", 1)), source="network as described")
+
+
+def bench_model(doc: dict, dtype: str = "float32") -> CommModel:
+    """A ``commprof bench --model`` JSON document."""
+    ops = {}
+    for op, by_dtype in (doc.get("ops") or {}).items():
+        pieces = by_dtype.get(dtype) or next(iter(by_dtype.values()), None)
+        if pieces:
+            ops[op] = pieces
+    if not ops:
+        raise ValueError("the bench model has no fitted collective")
+    return CommModel(bench=ops, bench_n=int(doc.get("world_size") or 2), source="commprof bench model")
+
+
+# -- what-ifs ----------------------------------------------------------------------
+@dataclass
+class WhatIf:
+    bucket_cap_mb: Optional[float] = None
+    bw_scale: float = 1.0
+    lat_scale: float = 1.0
+    overlap: bool = True
+    name: str = ""
+
+
+def parse_what_if(text: str) -> WhatIf:
+    """``bucket_cap_mb=100``, ``bandwidth=2x``, ``latency=0.5x``, ``overlap=off``."""
+    if "=" not in text:
+        raise ValueError(f"--what-if expects KEY=VALUE, got {text!r}")
+    k, v = (x.strip() for x in text.split("=", 1))
+    w = WhatIf(name=f"{k}={v}")
+    try:
+        if k == "bucket_cap_mb":
+            w.bucket_cap_mb = float(v)
+            if w.bucket_cap_mb <= 0:
+                raise ValueError
+        elif k in ("bandwidth", "latency"):
+            x = float(v[:-1] if v.endswith("x") else v)
+            if x <= 0:
+                raise ValueError
+            if k == "bandwidth":
+                w.bw_scale = x
+            else:
+                w.lat_scale = x
+        elif k == "overlap":
+            if v not in ("on", "off"):
+                raise ValueError
+            w.overlap = v == "on"
+        else:
+            raise KeyError(k)
+    except KeyError:
+        raise ValueError(f"--what-if {text!r}: unknown key {k!r}; known: bucket_cap_mb, bandwidth, latency, overlap")
+    except ValueError:
+        raise ValueError(f"--what-if {text!r}: bad value {v!r}")
+    return w
+
+
+def rebucket(st: Structure, cap_bytes: float) -> Structure:
+    """The same backward with buckets of ``cap_bytes``: gradients are taken
+    to appear at a constant rate between consecutive measured ready
+    instants (bytes of bucket k between r_{k-1} and r_k), new bucket j is
+    ready when j x cap bytes exist (the last one holds the rest)."""
+    if not st.buckets:
+        return st
+    total = float(st.sizes.sum())
+    k_new = max(1, int(math.ceil(total / cap_bytes)))
+    targets = np.minimum(np.arange(1, k_new + 1) * cap_bytes, total)
+    cum = np.concatenate([[0.0], np.cumsum(st.sizes)])
+    ready = np.empty((st.samples, k_new))
+    for i in range(st.samples):
+        times = np.concatenate([[0.0], st.ready[i]])
+        ready[i] = np.interp(targets, cum, times)
+    sizes = np.diff(np.concatenate([[0.0], targets]))
+    op = st.ops[0] if st.ops else "all_reduce"
+    return replace(st, ready=ready, sizes=sizes, ops=[op] * k_new, comm_measured=np.zeros((st.samples, k_new)))
+
+
+# -- replay ------------------------------------------------------------------------
+@dataclass
+class Replayed:
+    n: int
+    step_s: float                 # mean step time
+    lo_s: float
+    hi_s: float
+    shares: Dict[str, float]      # exposed shares of step time, %
+    batch: float                  # per-rank batch
+
+
+def replay(st: Structure, n: int, comm: CommModel, steps: int = 60, reps: int = 24, seed: int = 0,
+           mode: str = "weak", what_if: Optional[WhatIf] = None, jitter: bool = True) -> Replayed:
+    """Mean step time (and a 5-95 % interval) of ``st`` replayed on ``n``
+    ranks. ``jitter=False`` replays every rank with the sample mean (no
+    straggler effect)."""
+    w = what_if or WhatIf()
+    if w.bucket_cap_mb:
+        st = rebucket(st, w.bucket_cap_mb * 1024 * 1024)
+    scale = st.world / n if mode == "strong" else 1.0
+    batch = st.batch * scale
+    cm = replace(comm, bw_scale=comm.bw_scale * w.bw_scale, lat_scale=comm.lat_scale * w.lat_scale)
+    t_bucket = np.array([cm.time(op, s, n) for op, s in zip(st.ops, st.sizes)])
+    t_block_pre = sum(cm.time(op, s, n) for op, s, where in st.blocking if where == "pre")
+    t_block_post = sum(cm.time(op, s, n) for op, s, where in st.blocking if where != "pre")
+    rng = np.random.default_rng(seed)
+    pre = (st.pre - st.data - st.forward) + (st.data + st.forward) * scale
+    bwd, ready = st.backward * scale, st.ready * scale
+    cols = ("pre", "bwd", "post", "data", "forward", "optimizer")
+    arrays = dict(pre=pre, bwd=bwd, post=st.post, data=st.data * scale, forward=st.forward * scale,
+                  optimizer=st.optimizer)
+
+    def one(factor: float, rep_seed: int):
+        r = np.random.default_rng(rep_seed)
+        t = np.zeros(n)
+        total = np.zeros(n)
+        sums = dict.fromkeys(cols, 0.0)
+        tb = t_bucket * factor
+        for _ in range(steps):
+            if jitter:
+                idx = r.integers(0, st.samples, size=n)
+                p, b, q = pre[idx], bwd[idx], st.post[idx]
+                rd = ready[idx] if st.buckets else None
+                for c in cols:
+                    sums[c] += float(arrays[c][idx].sum())
+            else:
+                p, b, q = np.full(n, pre.mean()), np.full(n, bwd.mean()), np.full(n, st.post.mean())
+                rd = np.repeat(ready.mean(axis=0, keepdims=True), n, axis=0) if st.buckets else None
+                for c in cols:
+                    sums[c] += float(arrays[c].mean() * n)
+            bstart = t + p + t_block_pre * factor
+            bend = bstart + b
+            end = 0.0
+            if st.buckets and n > 1:
+                if w.overlap:
+                    avail = (bstart[:, None] + rd).max(axis=0)
+                else:
+                    avail = np.full(st.buckets, bend.max())
+                for k in range(st.buckets):
+                    end = max(avail[k], end) + tb[k]
+            done = np.maximum(bend, end) if (st.buckets and n > 1) else bend
+            t_next = done + q + t_block_post * factor
+            total += t_next - t
+            t = t_next
+        return total.sum() / (n * steps), sums
+
+    means, sums = [], None
+    for k in range(reps):
+        m, s_ = one(1.0, seed * 1000 + k)
+        means.append(m)
+        sums = s_ if sums is None else {c: sums[c] + s_[c] for c in cols}
+    step = float(np.mean(means))
+    lo_f, hi_f = max(0.0, 1 - 2 * comm.rel_err), 1 + 2 * comm.rel_err
+    lo = float(np.percentile([one(lo_f, seed * 1000 + k)[0] for k in range(max(4, reps // 3))], 5)) \
+        if comm.rel_err and n > 1 else float(np.percentile(means, 5))
+    hi = float(np.percentile([one(hi_f, seed * 1000 + k)[0] for k in range(max(4, reps // 3))], 95)) \
+        if comm.rel_err and n > 1 else float(np.percentile(means, 95))
+    count = reps * steps * n
+    total_time = step * count
+    data = sums["data"] / total_time * 100
+    compute = (sums["forward"] + sums["bwd"] + sums["optimizer"]) / total_time * 100
+    busy = (sums["pre"] + sums["bwd"] + sums["post"]) / total_time * 100
+    comm_pct = max(0.0, 100 - busy)
+    other = max(0.0, busy - data - compute)
+    return Replayed(n=n, step_s=step, lo_s=min(lo, step), hi_s=max(hi, step),
+                    shares={"comm": comm_pct, "data": data, "compute": compute, "other": other}, batch=batch)
+
+
+def measured_row(st: Structure) -> Dict[str, float]:
+    """The measured counterpart of :func:`replay`'s numbers, from the same
+    samples: mean step time and exposed shares."""
+    total = float(st.step.sum())
+    data = float(st.data.sum()) / total * 100
+    compute = float((st.forward + st.backward + st.optimizer).sum()) / total * 100
+    busy = float((st.pre + st.backward + st.post).sum()) / total * 100
+    return {"step_s": float(st.step.mean()), "comm": max(0.0, 100 - busy), "data": data, "compute": compute,
+            "other": max(0.0, busy - data - compute)}
+
+
+# -- prediction tables ---------------------------------------------------------------
+PREDICT_COLUMNS = ["config", "gpus", "kind", "scenario", "step_ms", "step_ms_lo", "step_ms_hi", "samples_per_s",
+                   "speedup", "efficiency_pct", "comm_pct", "data_pct", "compute_pct", "other_pct", "batch_per_rank",
+                   "source_gpus", "comm_model"]
+
+
+def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int], comm_for: Callable[[str], CommModel],
+                  mode: str = "weak", what_ifs: Sequence[WhatIf] = (), steps: int = 60, reps: int = 24,
+                  seed: int = 0) -> pd.DataFrame:
+    """Measured rows for each run, predicted rows for each target N (the
+    replay of the configuration's largest measured run with buckets), and
+    what-if rows. ``comm_for(config)`` gives the communication model."""
+    rows = []
+    by_config: Dict[str, List[Structure]] = {}
+    for config, st in runs:
+        by_config.setdefault(config, []).append(st)
+    for config, sts in by_config.items():
+        sts = sorted(sts, key=lambda s: s.world)
+        comm = comm_for(config)
+        base = sts[0]
+        base_tput = base.world * base.batch / base.step.mean()
+        for st in sts:
+            m = measured_row(st)
+            rows.append(_row(config, st.world, "measured", "", m["step_s"], m["step_s"], m["step_s"], st.batch,
+                             m, base_tput, st.world, ""))
+        src = next((s for s in reversed(sts) if s.buckets), sts[-1])
+        for n in targets:
+            for w in [None] + list(what_ifs):
+                r = replay(src, n, comm, steps=steps, reps=reps, seed=seed, mode=mode, what_if=w)
+                rows.append(_row(config, n, "predicted" if w is None else "what-if", w.name if w else "",
+                                 r.step_s, r.lo_s, r.hi_s, r.batch, r.shares, base_tput, src.world,
+                                 comm.describe()))
+    out = pd.DataFrame(rows, columns=PREDICT_COLUMNS)
+    # speedup / efficiency vs the configuration's smallest measured GPU count
+    return out
+
+
+def _row(config, n, kind, scenario, step, lo, hi, batch, shares, base_tput, source_gpus, comm_desc):
+    tput = n * batch / step if step > 0 else float("nan")
+    return {"config": config, "gpus": int(n), "kind": kind, "scenario": scenario, "step_ms": step * 1e3,
+            "step_ms_lo": lo * 1e3, "step_ms_hi": hi * 1e3, "samples_per_s": tput,
+            "speedup": tput / base_tput if base_tput else float("nan"), "efficiency_pct": float("nan"),
+            "comm_pct": shares["comm"], "data_pct": shares["data"], "compute_pct": shares["compute"],
+            "other_pct": shares["other"], "batch_per_rank": batch, "source_gpus": int(source_gpus),
+            "comm_model": comm_desc}
+
+
+def add_efficiency(table: pd.DataFrame, base: Dict[str, Tuple[int, float]]) -> pd.DataFrame:
+    """Speedup and parallel efficiency vs each configuration's smallest
+    measured run: base = {config: (gpus, samples/s)}."""
+    t = table.copy()
+    for config, (n0, tput0) in base.items():
+        m = t["config"] == config
+        t.loc[m, "speedup"] = t.loc[m, "samples_per_s"] / tput0
+        t.loc[m, "efficiency_pct"] = 100 * t.loc[m, "speedup"] / (t.loc[m, "gpus"] / n0)
+    return t
+
+
+@dataclass
+class Validation:
+    rows: pd.DataFrame
+    summary: Dict[str, float] = field(default_factory=dict)
+
+
+VALIDATE_COLUMNS = ["config", "mode", "gpus", "from_gpus", "measured_ms", "predicted_ms", "step_err_pct",
+                    "tput_err_pct", "comm_err_pp", "data_err_pp", "compute_err_pp", "comm_model"]
+
+
+def validate(runs: Sequence[Tuple[str, Structure, pd.DataFrame]], steps: int = 60, reps: int = 24,
+             seed: int = 0, comm_override: Optional[CommModel] = None) -> Validation:
+    """Predict each measured size from the others: leave-one-out (structure
+    from the nearest other run with buckets, network fitted to the others'
+    collectives) and from the smallest two runs only. ``runs``: (config,
+    structure, collective instances) per run."""
+    rows = []
+    by_config: Dict[str, List[Tuple[Structure, pd.DataFrame]]] = {}
+    for config, st, inst in runs:
+        by_config.setdefault(config, []).append((st, inst))
+    for config, members in by_config.items():
+        members = sorted(members, key=lambda x: x[0].world)
+        sizes = [st.world for st, _ in members]
+        plans = []
+        for i, (st, _inst) in enumerate(members):
+            if st.world < 2:  # N = 1 runs without communication (often without a framework): not a target
+                continue
+            others = [j for j in range(len(members)) if j != i]
+            plans.append(("leave-one-out", i, others))
+        if len(members) > 2:
+            first_two = [0, 1]
+            for i in range(2, len(members)):
+                plans.append(("from smallest two", i, first_two))
+        for mode, i, use in plans:
+            target = members[i][0]
+            srcs = [members[j][0] for j in use if members[j][0].buckets]
+            insts = [members[j][1] for j in use if len(members[j][1])]
+            if target.world > 1 and (not srcs or (not insts and comm_override is None)):
+                continue
+            if not srcs:
+                srcs = [members[j][0] for j in use]
+            src = min(srcs, key=lambda s: (abs(s.world - target.world), -s.world))
+            try:
+                comm = comm_override or (fit_comm(pd.concat(insts, ignore_index=True)) if insts else CommModel())
+            except ValueError:
+                continue
+            r = replay(src, target.world, comm, steps=steps, reps=reps, seed=seed)
+            m = measured_row(target)
+            tput_m = target.world * target.batch / m["step_s"]
+            tput_p = target.world * r.batch / r.step_s
+            rows.append({"config": config, "mode": mode, "gpus": target.world, "from_gpus": src.world,
+                         "measured_ms": m["step_s"] * 1e3, "predicted_ms": r.step_s * 1e3,
+                         "step_err_pct": 100 * (r.step_s - m["step_s"]) / m["step_s"],
+                         "tput_err_pct": 100 * (tput_p - tput_m) / tput_m,
+                         "comm_err_pp": r.shares["comm"] - m["comm"], "data_err_pp": r.shares["data"] - m["data"],
+                         "compute_err_pp": r.shares["compute"] - m["compute"], "comm_model": comm.describe()})
+        del sizes
+    t = pd.DataFrame(rows, columns=VALIDATE_COLUMNS)
+    summary = {}
+    if len(t):
+        e = t["step_err_pct"].abs()
+        summary = {"median_abs_step_err_pct": float(e.median()), "max_abs_step_err_pct": float(e.max()),
+                   "cases": int(len(t))}
+    return Validation(t, summary)
