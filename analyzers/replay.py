@@ -191,7 +191,7 @@ class CommModel:
     intra_Bps: Optional[float] = None
     intra_hop_s: Optional[float] = None
     gpus_per_node: int = 1
-    #: relative uncertainty of a prediction (median |relative residual| of the fit)
+    #: relative uncertainty of a prediction (the fit's summed |residual| / summed time)
     rel_err: float = 0.0
     source: str = "fit"
     #: exact pieces at one N (a commprof bench model): {op: pieces}, at bench_n
@@ -258,11 +258,22 @@ def busy_periods(instances: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["group_size", "duration_s", "hops", "bus_bytes"])
 
 
+#: collectives every rank takes part in symmetrically (a broadcast's root
+#: may finish before its receivers have arrived: not a transfer time)
+SYMMETRIC = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
 def fit_comm(instances: pd.DataFrame) -> CommModel:
     """Fit hop latency and bus bandwidth to the busy periods of the
-    measured collectives (:func:`busy_periods`), least squares on relative
-    residuals; latency 0 where the data cannot resolve it."""
-    d = instances[(instances["bytes"] > 0) & (instances["group_size"] > 1)]
+    measured symmetric collectives (:func:`busy_periods`): least squares on
+    the periods' durations (what the step time is made of; small messages
+    weigh little, their relative error is large and matters little);
+    latency 0 where the data cannot resolve it. ``rel_err`` = summed
+    |residual| / summed duration."""
+    d = instances[(instances["bytes"] > 0) & (instances["group_size"] > 1)
+                  & instances["op"].isin(SYMMETRIC)]
+    if d.empty:
+        d = instances[(instances["bytes"] > 0) & (instances["group_size"] > 1)]
     if d.empty:
         raise ValueError("no collective with a size and a group of >= 2 ranks to fit the network from")
     p = busy_periods(d)
@@ -271,17 +282,24 @@ def fit_comm(instances: pd.DataFrame) -> CommModel:
         raise ValueError("no collective with a positive duration to fit the network from")
     x1, x2 = p["hops"].to_numpy(np.float64), p["bus_bytes"].to_numpy(np.float64)
     t = p["duration_s"].to_numpy(np.float64)
-    w = 1.0 / t
     hop, inv_b = 0.0, None
-    if len(p) >= 2 and np.ptp(x2 / np.maximum(x1, 1)) > 0:
-        sol, *_ = np.linalg.lstsq(np.stack([x1 * w, x2 * w], axis=1), np.ones_like(t), rcond=None)
+    if len(p) >= 3 and np.ptp(x2 / np.maximum(x1, 1)) > 0:
+        a = np.stack([x1, x2], axis=1)
+        sol, *_ = np.linalg.lstsq(a, t, rcond=None)
         hop, inv_b = float(sol[0]), float(sol[1])
-        if hop < 0 or inv_b <= 0:   # latency not resolvable: bandwidth only
+        # the hop latency is kept only where the data resolve it (t-statistic >= 3): extrapolated to
+        # 1,000 ranks, a latency that is noise in the fit would dominate every prediction
+        sigma2 = float(((a @ sol - t) ** 2).sum()) / max(len(t) - 2, 1)
+        try:
+            se = math.sqrt(max(sigma2 * np.linalg.inv(a.T @ a)[0, 0], 0.0))
+        except np.linalg.LinAlgError:
+            se = float("inf")
+        if hop < 0 or inv_b <= 0 or (se > 0 and hop / se < 3):
             hop, inv_b = 0.0, None
     if inv_b is None:
-        inv_b = float(np.sum(x2 * t * w * w) / np.sum((x2 * w) ** 2))
-    rel = np.abs(hop * x1 + x2 * inv_b - t) / t
-    return CommModel(hop_s=hop, bus_Bps=1.0 / inv_b, rel_err=float(np.median(rel)),
+        inv_b = float(np.sum(x2 * t) / np.sum(x2 * x2))
+    rel = float(np.abs(hop * x1 + x2 * inv_b - t).sum() / t.sum())
+    return CommModel(hop_s=hop, bus_Bps=1.0 / inv_b, rel_err=rel,
                      source="fitted to the measured collectives", points=int(len(p)))
 
 
@@ -506,6 +524,7 @@ def measured_row(st: Structure) -> Dict[str, float]:
 
 # -- prediction tables ---------------------------------------------------------------
 PREDICT_COLUMNS = ["config", "gpus", "kind", "scenario", "step_ms", "step_ms_lo", "step_ms_hi", "samples_per_s",
+                   "samples_per_s_lo", "samples_per_s_hi", "gain_pct",
                    "speedup", "efficiency_pct", "comm_pct", "data_pct", "compute_pct", "other_pct", "batch_per_rank",
                    "source_gpus", "comm_model"]
 
@@ -537,7 +556,12 @@ def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int],
                                  r.step_s, r.lo_s, r.hi_s, r.batch, r.shares, base_tput, src.world,
                                  comm.describe()))
     out = pd.DataFrame(rows, columns=PREDICT_COLUMNS)
-    # speedup / efficiency vs the configuration's smallest measured GPU count
+    # what-ifs: step time gained against the plain prediction at the same N
+    base = out[out["kind"] == "predicted"].set_index(["config", "gpus"])["step_ms"]
+    wi = out["kind"] == "what-if"
+    if wi.any():
+        ref = [base.get((c, g), np.nan) for c, g in zip(out.loc[wi, "config"], out.loc[wi, "gpus"])]
+        out.loc[wi, "gain_pct"] = 100 * (np.array(ref) - out.loc[wi, "step_ms"].to_numpy()) / np.array(ref)
     return out
 
 
@@ -545,6 +569,8 @@ def _row(config, n, kind, scenario, step, lo, hi, batch, shares, base_tput, sour
     tput = n * batch / step if step > 0 else float("nan")
     return {"config": config, "gpus": int(n), "kind": kind, "scenario": scenario, "step_ms": step * 1e3,
             "step_ms_lo": lo * 1e3, "step_ms_hi": hi * 1e3, "samples_per_s": tput,
+            "samples_per_s_lo": n * batch / hi if hi > 0 else float("nan"),
+            "samples_per_s_hi": n * batch / lo if lo > 0 else float("nan"), "gain_pct": float("nan"),
             "speedup": tput / base_tput if base_tput else float("nan"), "efficiency_pct": float("nan"),
             "comm_pct": shares["comm"], "data_pct": shares["data"], "compute_pct": shares["compute"],
             "other_pct": shares["other"], "batch_per_rank": batch, "source_gpus": int(source_gpus),

@@ -272,7 +272,8 @@ PREDICT_TABLE_COLUMNS = [
     ("step_ms", "step ms", ".2f"), ("step_ms_lo", "step ms lo", ".2f"), ("step_ms_hi", "step ms hi", ".2f"),
     ("samples_per_s", "samples/s", ".1f"), ("efficiency_pct", "eff %", ".1f"), ("comm_pct", "comm %", ".1f"),
     ("data_pct", "data %", ".1f"), ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
-    ("speedup", "speedup", ".2f"), ("batch_per_rank", "batch/rank", ".1f"), ("source_gpus", "from GPUs", "d"),
+    ("gain_pct", "gain %", "+.1f"), ("speedup", "speedup", ".2f"), ("batch_per_rank", "batch/rank", ".1f"),
+    ("source_gpus", "from GPUs", "d"),
 ]
 VALIDATE_TABLE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("mode", "predicted", ""),
@@ -288,6 +289,15 @@ def predict_report(table: pd.DataFrame, validation=None, notes: Sequence[str] = 
     (plus the validation of the model on the measured sizes)."""
     tables = {"prediction": Table("Measured and predicted per GPU count (predicted rows: replayed steps, "
                                   "interval lo-hi)", table, PREDICT_TABLE_COLUMNS)}
+    study = _predicted_study(table)
+    if len(study):
+        tables["study"] = Table("The study table, extended (exposed shares; * = predicted)", study,
+                                [(c, "GPUs" if c == "gpus" else c, "d" if c == "gpus" else "")
+                                 for c in study.columns])
+    gains = _gain_findings(table)
+    if len(gains):
+        tables["what_if"] = Table("What a change is expected to gain (replayed)", gains, FINDING_COLUMNS,
+                                  style="list")
     out_notes = list(notes)
     if validation is not None:
         tables["validation"] = Table("Validation: each measured size predicted from the other runs",
@@ -300,3 +310,39 @@ def predict_report(table: pd.DataFrame, validation=None, notes: Sequence[str] = 
             out_notes.insert(0, "Validation: nothing to validate (needs two or more measured GPU counts of a "
                                 "configuration, one of them with communication).")
     return Report(title="commprof predict", tables=tables, notes=out_notes)
+
+
+def _predicted_study(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows = GPU counts, column groups = configurations: comm / data /
+    compute share and efficiency, predicted cells marked with *."""
+    t = table[table["kind"].isin(["measured", "predicted"])]
+    if t.empty:
+        return pd.DataFrame()
+    rows = {}
+    for _, r in t.sort_values(["gpus", "kind"]).iterrows():
+        mark = "*" if r["kind"] == "predicted" else ""
+        cells = rows.setdefault(int(r["gpus"]), {"gpus": int(r["gpus"])})
+        if r["kind"] == "predicted" and f"{r['config']} | comm %" in cells:
+            continue  # measured wins where both exist
+        for col, name in (("comm_pct", "comm %"), ("data_pct", "data %"), ("compute_pct", "compute %"),
+                          ("efficiency_pct", "eff %")):
+            v = r[col]
+            cells[f"{r['config']} | {name}"] = "-" if v != v else f"{v:.1f}{mark}"
+    out = pd.DataFrame(list(rows.values())).sort_values("gpus")
+    return out.fillna("-").reset_index(drop=True)
+
+
+def _gain_findings(table: pd.DataFrame) -> pd.DataFrame:
+    wi = table[table["kind"] == "what-if"]
+    rows = []
+    for _, r in wi.iterrows():
+        if r["gain_pct"] != r["gain_pct"]:
+            continue
+        word = "faster" if r["gain_pct"] >= 0 else "slower"
+        rows.append({"config": r["config"], "gpus": int(r["gpus"]), "finding": f"{r['scenario']}: "
+                     f"{abs(r['gain_pct']):.1f} % {word} steps",
+                     "evidence": f"predicted step {r['step_ms']:.1f} ms (interval {r['step_ms_lo']:.1f}-"
+                                 f"{r['step_ms_hi']:.1f}) vs {r['step_ms'] / (1 - r['gain_pct'] / 100):.1f} ms "
+                                 f"as is; comm {r['comm_pct']:.1f} % of the step",
+                     "advice": ""})
+    return pd.DataFrame(rows, columns=["config", "gpus", "finding", "evidence", "advice"])

@@ -43,7 +43,9 @@ def env():
 def script_args(name, steps):
     arch, f, b = WORKLOADS[name]
     return [RESNET, "--arch", arch, "--loader", "synthetic", "--steps", str(steps), "--image-size", "32",
-            "--batch-size", "2", "--no-val", "--emulate-device-ms", f"{f},{b}"]
+            "--batch-size", "2", "--no-val", "--emulate-device-ms", f"{f},{b}",
+            # plain SGD: its CPU update is the part of the step that contends most when 4 ranks share 2 cores
+            "--momentum", "0", "--weight-decay", "0"]
 
 
 def run_cell(name, n, out, rate, steps, port):

@@ -151,8 +151,8 @@ def _notes(runs, comm_for, mode, targets) -> List[str]:
         seen.add(config)
         m = comm_for(config)
         notes.append(f"{config}: communication model: {m.describe()}"
-                     + (f" (from {m.points} size / GPU-count points, median relative residual "
-                        f"{100 * m.rel_err:.1f} %)" if m.points else ""))
+                     + (f" (from {m.points} busy periods of the collectives; residual {100 * m.rel_err:.1f} % "
+                        "of their time)" if m.points else ""))
         hosts = len(set((a.hosts or {}).values())) or 1
         if m.source.startswith("fitted") and hosts == 1 and any(n > st.world for n in targets) and \
                 a.world_size > 1:
@@ -165,5 +165,5 @@ def _notes(runs, comm_for, mode, targets) -> List[str]:
     notes.append("Replay: every simulated rank draws a measured (rank, step) sample each step; a bucket's "
                  "collective starts when the last rank has it ready and the previous bucket is done, and "
                  "lasts the model's time at N; exposed communication is what the backward did not hide. "
-                 "Interval: 5-95 % over replays, widened by twice the model's median relative residual.")
+                 "Interval: 5-95 % over replays, widened by twice the model's relative residual.")
     return notes

@@ -69,9 +69,10 @@ class HtmlRenderer(Renderer):
             plotly_js = None
         figs = self.figures(report) if plotly_js else []
         body: List[str] = [f"<h1>{esc(report.title)}</h1>"]
-        body.append("<p>Runs: " + "; ".join(
+        if report.runs:
+            body.append("<p>Runs: " + "; ".join(
             esc(f"{r.get('path', '?')} ({r.get('world_size', '?')} ranks, {r.get('launcher', '?')})")
-            for r in report.runs) + "</p>")
+                for r in report.runs) + "</p>")
         for i, (title, how, fig) in enumerate(figs):
             body.append(f"<h2>{esc(title)}</h2><p class='how'>{esc(how)}</p><div class='fig' id='fig{i}'></div>")
             body.append(f"<script>commprofPlot('fig{i}', {_safe_json(fig)});</script>")
@@ -141,6 +142,9 @@ class HtmlRenderer(Renderer):
                                  {"title": {"text": "bytes per call (log scale)"}, "type": "log", "dtick": 1,
                                   "tickformat": ".1s", "range": [math.floor(lo - 0.3), math.ceil(hi + 0.3)]},
                                  {"title": {"text": "busbw (GB/s, median)"}, "rangemode": "tozero"})))
+        pr = report.tables.get("prediction")
+        if pr is not None and len(pr.frame):
+            figs.append(self._prediction_figure(pr.frame))
         timelines = [(name, tl) for name, tl in (report.extras.get("timelines") or {}).items()
                      if tl is not None and len(tl)]
         # the run with the most ranks (ties: the first): where waiting shows
@@ -162,6 +166,40 @@ class HtmlRenderer(Renderer):
                          "compute rows while a comm row is busy are exposed communication.", fig))
             break
         return figs
+
+    @staticmethod
+    def _prediction_figure(f):
+        data = []
+        for k, (config, g) in enumerate(f.groupby("config", sort=False)):
+            color = SERIES[k % len(SERIES)]
+            p = g[g["kind"] == "predicted"].sort_values("gpus")
+            if len(p):
+                xs = [int(v) for v in p["gpus"]]
+                data.append({"type": "scatter", "mode": "lines", "x": xs + xs[::-1],
+                             "y": [float(v) for v in p["samples_per_s_hi"]] +
+                                  [float(v) for v in p["samples_per_s_lo"]][::-1],
+                             "fill": "toself", "fillcolor": "rgba(128,128,128,0.2)", "line": {"width": 0},
+                             "name": esc(config) + " (interval)", "hoverinfo": "skip"})
+                data.append({"type": "scatter", "mode": "lines+markers", "name": esc(config) + " (predicted)",
+                             "x": xs, "y": [float(v) for v in p["samples_per_s"]],
+                             "line": {"color": color, "dash": "dash"}, "marker": {"color": color, "size": 6}})
+            m = g[g["kind"] == "measured"].sort_values("gpus")
+            data.append({"type": "scatter", "mode": "markers", "name": esc(config) + " (measured)",
+                         "x": [int(v) for v in m["gpus"]], "y": [float(v) for v in m["samples_per_s"]],
+                         "marker": {"color": color, "size": 11, "symbol": "circle-open", "line": {"width": 2}}})
+            for j, (scenario, w) in enumerate(g[g["kind"] == "what-if"].groupby("scenario", sort=False)):
+                w = w.sort_values("gpus")
+                data.append({"type": "scatter", "mode": "lines", "name": esc(f"{config}: {scenario}"),
+                             "x": [int(v) for v in w["gpus"]], "y": [float(v) for v in w["samples_per_s"]],
+                             "line": {"color": SERIES[(k + j + 1) % len(SERIES)], "dash": "dot"}})
+        ticks = sorted({int(v) for v in f["gpus"]})
+        return ("Measured vs predicted throughput",
+                "Open circles: measured runs; dashed line: the replayed prediction with its interval (grey); "
+                "dotted: what-ifs. Ideal scaling is a straight line of slope 1 on these log axes.",
+                _layout(data, "throughput, measured and predicted",
+                        {"title": {"text": "GPUs (log scale)"}, "type": "log", "tickvals": ticks,
+                         "ticktext": [str(t) for t in ticks]},
+                        {"title": {"text": "throughput (samples/s, log scale)"}, "type": "log"}))
 
     @staticmethod
     def _breakdown_figures(f):

@@ -136,3 +136,23 @@ def test_cli_errors_are_one_line(study, tmp_path):
     tracegen.write_run(one, tracegen.modelled_run(1, 10))
     proc = _cli("predict", one, "--to", "8")
     assert proc.returncode == 2 and "no collective measured" in proc.stderr
+
+
+def test_a_bench_model_drives_the_prediction(study, tmp_path):
+    """A commprof bench model measured at 4 ranks (here: the true network
+    at N = 4) predicts 8 and 16 GPUs by ring extrapolation within 2 %."""
+    model = {"world_size": 4, "ops": {"all_reduce": {"float32": [
+        {"alpha_s": 3 * HOP, "beta_Bps": BUS / 1.5, "min_bytes": 1, "max_bytes": 1 << 40, "r2": 1.0,
+         "max_rel_residual": 0.0}]}}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(model))
+    proc = _cli("predict", study[2], study[4], "--to", "8,16", "--bench", str(path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    pred = {r["gpus"]: r for r in _rows(doc, "prediction") if r["kind"] == "predicted"}
+    assert any("bench model at 4 ranks" in n for n in doc["notes"])
+    from commprof.predict import load_runs
+
+    for n in (8, 16):
+        truth = rp.measured_row(load_runs([study[n]])[0][1])["step_s"] * 1e3
+        assert pred[n]["step_ms"] == pytest.approx(truth, rel=0.02)

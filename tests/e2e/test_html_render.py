@@ -70,3 +70,20 @@ def test_demo_report_renders(chromium, tmp_path):
         shot = os.path.join(ARTIFACTS, "html", f"demo-{'dark' if dark else 'light'}.png")
         result = chk.check(html, chromium, dark=dark, screenshot=shot)
         assert chk.problems(result, min_figures=4) == [], result
+
+
+def test_predict_report_renders(chromium, tmp_path):
+    """commprof predict's HTML: measured points, the predicted curve with
+    its interval and what-ifs draw, labels inside, both colour schemes."""
+    import tracegen
+
+    runs = []
+    for n in (2, 4):
+        runs.append(tracegen.write_run(str(tmp_path / f"n{n}.parquet"), tracegen.modelled_run(n, 12, seed=n)))
+    html = str(tmp_path / "predict.html")
+    proc = run(commprof_cmd("predict", *runs, "--to", "8,64,1024", "--what-if", "bandwidth=2x", "-o", html))
+    assert proc.returncode == 0, proc.stderr
+    assert "Measured vs predicted throughput" in open(html, encoding="utf-8").read()
+    for dark in (False, True):
+        shot = os.path.join(ARTIFACTS, "html", f"predict-{'dark' if dark else 'light'}.png")
+        assert chk.problems(chk.check(html, chromium, dark=dark, screenshot=shot), min_figures=1) == []
