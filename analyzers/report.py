@@ -49,6 +49,7 @@ BREAKDOWN_COLUMNS = [  # most important first: a narrow terminal shows these, th
     ("comm_pct_rank_min", "comm % min rank", ".1f"), ("comm_pct_rank_max", "comm % max rank", ".1f"),
     ("step_ms_p95", "step ms p95", ".2f"), ("steps_per_s", "steps/s", ".3f"),
     ("batch_per_rank", "batch/rank", ".0f"), ("epoch_s", "epoch s", ".1f"),
+    ("tflops_per_gpu", "TFLOP/s per GPU", ".4g"), ("mfu_pct", "MFU %", ".1f"),
     ("runs", "runs", "d"), ("steps", "steps", "d"),
 ]
 COLLECTIVE_COLUMNS = [
@@ -149,6 +150,9 @@ def build_report(runs, warmup: int = 1):
         if ms:
             mism[key] = pd.concat(ms, ignore_index=True)
     finds = pd.concat([finds, bottleneck.node_findings(node_t, mism, table)], ignore_index=True)
+    fine = fine_grain(runs)
+    if len(fine["findings"]):
+        finds = pd.concat([finds, fine["findings"]], ignore_index=True)
     notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
     for r in runs:
         if r.meta.get("salvaged_ranks"):
@@ -192,6 +196,15 @@ def build_report(runs, warmup: int = 1):
             ("util_pct", "util % mean", ".1f"), ("mem_peak_mib", "mem MiB peak", ".0f"),
             ("power_w", "power W mean", ".1f"), ("sm_clock_mhz", "SM MHz mean", ".0f"),
             ("samples", "samples", ".0f")])
+    if len(fine["buckets"]):
+        tables["buckets"] = Table("Gradient buckets (per bucket index over ranks and measured steps; aligned clocks)",
+                                  fine["buckets"], BUCKET_TABLE_COLUMNS)
+    if len(fine["gates"]):
+        tables["critical_path"] = Table("Critical path across ranks: what each step's end waited for",
+                                        fine["gates"], GATE_TABLE_COLUMNS)
+    if len(fine["updates"]):
+        tables["updates"] = Table("Delays between weight updates (end of one optimizer step to the start of "
+                                  "the next, per rank)", fine["updates"], UPDATE_TABLE_COLUMNS)
     tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
     tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
                            scaling.stack(skews), SKEW_COLUMNS)
@@ -209,7 +222,96 @@ def build_report(runs, warmup: int = 1):
     tables["bottlenecks"] = Table("Bottlenecks and what to try", finds, FINDING_COLUMNS, style="list")
     report = Report(title="commprof report", tables=tables, notes=notes, runs=[r.meta for r in runs])
     report.extras["timelines"] = {f"{r.label} @ {r.world_size} GPUs": r.timeline for r in runs}
+    report.extras["gantt"] = fine["gantt"]
     return report
+
+
+BUCKET_TABLE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("bucket", "bucket", "d"), ("op", "collective", ""),
+    ("bytes", "bytes", ",.0f"), ("ready_ms", "ready ms", ".2f"), ("ready_spread_ms", "ready spread ms", ".2f"),
+    ("issue_to_done_ms", "issue->done ms", ".2f"), ("wait_ms", "waiting ms", ".2f"),
+    ("transfer_ms", "transfer ms", ".2f"), ("tail_ms", "exposed tail ms", ".2f"), ("last_rank", "last rank", ".0f"),
+    ("last_pct", "last in %", ".0f"), ("source", "issued by", ""),
+]
+GATE_TABLE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("gate", "gate", ""), ("steps_pct", "steps %", ".0f"),
+    ("phase", "why late (most often)", ""), ("tail_ms", "tail after backward ms", ".2f"),
+    ("example", "example chain", ""),
+]
+UPDATE_TABLE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("delay_ms_p50", "delay ms p50", ".2f"),
+    ("delay_ms_p95", "delay ms p95", ".2f"), ("delay_ms_max", "delay ms max", ".2f"), ("data_ms", "data ms", ".2f"),
+    ("forward_ms", "forward ms", ".2f"), ("backward_ms", "backward ms", ".2f"),
+    ("waiting_ms", "waiting ms", ".2f"), ("other_ms", "other ms", ".2f"),
+    ("idle_ms_p50", "free window ms p50", ".2f"), ("ranks", "ranks", "d"), ("updates", "updates", "d"),
+]
+
+_GATE_ADVICE = {
+    "data wait": "rank {r} waits for its data: more loader workers or DALI on its node, or check its storage",
+    "forward": "rank {r} computes its forward slower than the others: check that GPU / host (clocks, placement, "
+               "a noisy neighbour)",
+    "backward": "rank {r}'s backward reaches this bucket last: a straggler in compute; smaller buckets "
+                "(bucket_cap_mb) start the reduction earlier",
+    "late start": "rank {r} starts its steps late (its previous step's tail or host work between steps)",
+}
+
+
+def fine_grain(runs) -> dict:
+    """Per (configuration, GPU count), from the first run of each: bucket
+    table, critical-path gates, update delays, the gating finding, and
+    Gantt bars of the largest run."""
+    from . import buckets as bk
+    from . import scaling
+
+    bt, gt, ut, rows = {}, {}, {}, []
+    gantt = None
+    biggest = None
+    for key, members in scaling._groups(runs).items():
+        r = members[0]
+        ph, gr = r.fine_phases, r.fine_grads
+        if ph is None or ph.empty:
+            continue
+        up = bk.update_delays(ph)
+        if len(up):
+            ut[key] = up
+        if gr is None or gr.empty:
+            continue
+        b = bk.bucket_table(ph, gr, r.world_size)
+        if len(b):
+            bt[key] = b
+        if r.world_size > 1:
+            paths = bk.critical_paths(ph, gr, r.world_size)
+            gates = bk.gate_table(paths, b)
+            if len(gates):
+                gt[key] = gates
+                summ = bk.gate_summary(paths)
+                size = dict(zip(b["bucket"], b["bytes"])).get(summ["bucket"])
+                what = (f"bucket {summ['bucket']}" + (f" ({size / 2 ** 20:.1f} MiB)" if size else "")
+                        if summ["bucket"] >= 0 else "the slowest rank's backward")
+                mine = paths[paths["gate_rank"] == summ["rank"]]
+                phase = mine["gate_phase"].mode().iloc[0] if len(mine) else "backward"
+                example = mine[mine["gate_phase"] == phase]["path"].iloc[0] if len(mine) else ""
+                if summ["rank_pct"] >= 50:
+                    who = f"rank {summ['rank']} is the last ready in {summ['rank_pct']:.0f} % (why: {phase})"
+                    advice = _GATE_ADVICE.get(phase, "").format(r=summ["rank"])
+                else:
+                    who = (f"no single rank: the last one to be ready changes from step to step (rank "
+                           f"{summ['rank']} most often, {summ['rank_pct']:.0f} %)")
+                    advice = ("jitter, not one straggler: smaller buckets (bucket_cap_mb) let the reduction start "
+                              "earlier; fewer host-side stalls (data, Python) even out the ranks")
+                rows.append({"config": key[0], "gpus": key[1],
+                             "finding": f"critical path: {what} gates {summ['bucket_pct']:.0f} % of steps",
+                             "evidence": f"{summ['steps']} measured steps walked back from the last gradient "
+                                         f"collective; {who}; e.g. {example}",
+                             "advice": advice})
+        if biggest is None or r.world_size > biggest.world_size:
+            biggest = r
+    if biggest is not None:
+        gantt = bk.gantt(biggest.fine_phases, biggest.fine_grads)
+        gantt.attrs["title"] = f"{biggest.label} @ {biggest.world_size} GPUs"
+    return {"buckets": scaling.stack(bt), "gates": scaling.stack(gt), "updates": scaling.stack(ut),
+            "findings": pd.DataFrame(rows, columns=["config", "gpus", "finding", "evidence", "advice"]),
+            "gantt": gantt}
 
 
 MODEL_TABLE_COLUMNS = [

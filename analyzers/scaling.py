@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import breakdown, clocks, kernels, nodes, stragglers, throughput
+from . import breakdown, buckets, clocks, kernels, nodes, stragglers, throughput
 from .collectives import CollectiveStats
 from ..trace.metadata import batch_size as infer_batch_size
 from ..trace.schema import CAT
@@ -56,6 +56,9 @@ class RunAnalysis:
     hosts: Dict[int, str] = field(default_factory=dict)                 # per rank: host name
     nodes: pd.DataFrame = field(default_factory=pd.DataFrame)           # per host (multi-host runs)
     scope: pd.DataFrame = field(default_factory=pd.DataFrame)           # collectives intra / inter node
+    #: the fine grain (analyzers/buckets.py), aligned clocks, <= buckets.MAX_STEPS steps per rank
+    fine_phases: pd.DataFrame = field(default_factory=pd.DataFrame)     # per (rank, step)
+    fine_grads: pd.DataFrame = field(default_factory=pd.DataFrame)      # per (rank, step, bucket)
 
     @property
     def n_steps(self) -> int:
@@ -93,6 +96,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     kbreak: List[pd.DataFrame] = []
     teles: List[pd.DataFrame] = []
     phases: List[pd.DataFrame] = []
+    fine_ph: List[pd.DataFrame] = []
+    fine_gr: List[pd.DataFrame] = []
 
     def work(chunk):
         ev = Events.of(chunk)
@@ -120,13 +125,20 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             m = m[m["name"].astype(str).str.startswith("gpu.")]
             if len(m):
                 tele = telemetry_per_rank(m)
+        fine = None
+        keep_fine = (ev.cat == CAT["compute"]) | (ev.cat == CAT["comm"]) | (ev.cat == CAT["data"]) | \
+            (ev.cat == CAT["wait"])
+        if keep_fine.any():
+            fe = chunk.filter(pa_mask(keep_fine)).select(
+                ["rank", "step", "category", "name", "source", "t_start", "t_end", "bytes", "blocking"]).to_pandas()
+            fine = buckets.rank_rows(fe, steps)
         phase = None
         is_phase = ev.cat == CAT["phase"]
         if is_phase.any():
             ph = chunk.filter(pa_mask(is_phase)).select(["name", "detail", "t_start", "t_end"]).to_pandas()
             phase = ph[ph["name"].astype(str) != "ready"].assign(
                 name=lambda d: d["name"].astype(str), ms=lambda d: (d["t_end"] - d["t_start"]) / 1e6)
-        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), (comm, kern, tele, phase)
+        return steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT), (comm, kern, tele, phase, fine)
 
     # Two chunks in flight: numpy's sorts and scans release the GIL, so the
     # sweep of one chunk runs beside the decoding / folding of another.
@@ -148,7 +160,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             if not pending:
                 break
             chunk, fut = pending.popleft()
-            steps, (comm, kern, tele, phase) = fut.result()
+            steps, (comm, kern, tele, phase, fine) = fut.result()
             if steps.empty:
                 continue
             parts.append(steps)
@@ -156,6 +168,9 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 teles.append(tele)
             if phase is not None:
                 phases.append(phase)
+            if fine is not None:
+                fine_ph.append(fine[0])
+                fine_gr.append(fine[1])
             if kern is not None:
                 kshares.append(kern[0])
                 kbreak.append(kern[1])
@@ -188,6 +203,12 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     world = int(meta.get("world_size") or 1)
     if meta.get("framework") is None and world == 1:
         meta["framework"] = "none"
+    fph = pd.concat(fine_ph, ignore_index=True) if fine_ph else pd.DataFrame(columns=buckets.PHASE_COLUMNS)
+    fgr = pd.concat(fine_gr, ignore_index=True) if fine_gr else pd.DataFrame(columns=buckets.GRAD_COLUMNS)
+    fph, fgr = buckets.shifted(fph, fgr, offsets)
+    flops = model_flops(rank_metas)
+    if flops:
+        meta["fwd_flops_per_sample"] = flops
     return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
                        pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
                        pd.concat(phases, ignore_index=True) if phases else pd.DataFrame(),
@@ -195,7 +216,20 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                        pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame(),
                        clock_table, offsets, hosts,
                        nodes.per_host(steps, colls.rank_lateness(), hosts, cframe),
-                       nodes.scope_table(cframe, hosts) if len(set(hosts.values())) > 1 else pd.DataFrame())
+                       nodes.scope_table(cframe, hosts) if len(set(hosts.values())) > 1 else pd.DataFrame(),
+                       fph, fgr)
+
+
+def model_flops(rank_metas: List[dict]) -> Optional[float]:
+    """Forward FLOPs per sample of the model, counted by the recorder on the
+    first batch (torch.utils.flop_counter; the largest root module, rank
+    0 first)."""
+    for m in sorted(rank_metas, key=lambda r: r.get("rank", 0)):
+        mf = m.get("model_flops") or {}
+        best = max(mf.values(), key=lambda v: v.get("flops", 0), default=None)
+        if best and best.get("flops") and best.get("items"):
+            return float(best["flops"]) / float(best["items"])
+    return None
 
 
 def _align_frame(comms) -> Optional[pd.DataFrame]:
@@ -309,9 +343,43 @@ def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
             "batch_per_rank": _nanmean([t["batch_per_rank"] for t in tps]),
             "epoch_s": float(dataset) / samples if dataset and samples > 0 else np.nan,
             "loader": meta.get("loader"), "loader_workers": meta.get("loader_workers"),
+            **flops_columns(meta, samples, gpus),
         })
     table = pd.DataFrame(rows)
     return add_scaling(table)
+
+
+#: dense 16-bit tensor-core peak, TFLOP/s per GPU (vendor data sheets; SXM parts)
+PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0, "B200": 2250.0,
+               "A100": 312.0, "A800": 312.0, "A30": 165.0, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
+               "L4": 121.0, "V100": 125.0, "T4": 65.0, "RTX 4090": 165.0, "RTX 3090": 71.0, "MI300X": 1307.0,
+               "MI250X": 383.0}
+#: a user's peak (``commprof report --peak-tflops``) overrides the table
+PEAK_OVERRIDE: Dict[str, float] = {}
+
+
+def peak_tflops(device: Optional[str]) -> Optional[float]:
+    if PEAK_OVERRIDE.get("peak"):
+        return PEAK_OVERRIDE["peak"]
+    if not device:
+        return None
+    for name in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if name.lower() in device.lower():
+            return PEAK_TFLOPS[name]
+    return None
+
+
+def flops_columns(meta: dict, samples_per_s: float, gpus: int) -> dict:
+    """Achieved model TFLOP/s per GPU (3 x forward FLOPs per sample: the
+    backward costs about twice the forward) and MFU against the device's
+    peak where known."""
+    f = meta.get("fwd_flops_per_sample")
+    if not f or not samples_per_s or samples_per_s != samples_per_s:
+        return {"model_tflops": np.nan, "tflops_per_gpu": np.nan, "mfu_pct": np.nan}
+    per_gpu = 3.0 * f * samples_per_s / max(gpus, 1) / 1e12
+    peak = peak_tflops(meta.get("device_name"))
+    return {"model_tflops": 3.0 * f / 1e12, "tflops_per_gpu": per_gpu,
+            "mfu_pct": 100.0 * per_gpu / peak if peak else np.nan}
 
 
 def add_scaling(table: pd.DataFrame) -> pd.DataFrame:

@@ -71,13 +71,14 @@ def write_run(path, ranks_rows, meta=None, rank_metas=None):
 
 
 def modelled_run(world, steps, hop_s=50e-6, bus_Bps=1e9, sizes=(2e6, 8e6, 16e6), ready_frac=(0.3, 0.7, 1.0),
-                 data_ms=(2.0, 6.0), fwd_ms=10.0, bwd_ms=30.0, opt_ms=4.0, seed=0):
+                 data_ms=(2.0, 6.0), fwd_ms=10.0, bwd_ms=30.0, opt_ms=4.0, seed=0, late_rank=-1, late_ms=0.0):
     """{rank: rows} of a DDP-like job whose communication follows a known
     model exactly: bucket k (``sizes[k]`` bytes) is ready at
     ``ready_frac[k]`` of each rank's backward, its all_reduce starts when
     the last rank has it ready and the previous bucket is done, and lasts
     hop_s x (N - 1) + S x 2(N-1)/N / bus_Bps; each rank's data time is
-    uniform in ``data_ms`` every step (jitter: the slowest rank gates)."""
+    uniform in ``data_ms`` every step (jitter: the slowest rank gates);
+    ``late_rank`` waits ``late_ms`` longer for its data every step."""
     import random
 
     rnd = random.Random(seed * 7919 + world)
@@ -85,7 +86,7 @@ def modelled_run(world, steps, hop_s=50e-6, bus_Bps=1e9, sizes=(2e6, 8e6, 16e6),
     rows = {r: [] for r in range(world)}
     seq = 0
     for s in range(steps):
-        data = [rnd.uniform(*data_ms) / 1e3 for _ in range(world)]
+        data = [rnd.uniform(*data_ms) / 1e3 + (late_ms / 1e3 if r == late_rank else 0.0) for r in range(world)]
         b0 = [t[r] + data[r] + fwd_ms / 1e3 for r in range(world)]
         b1 = [b + bwd_ms / 1e3 for b in b0]
         end = 0.0

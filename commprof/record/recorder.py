@@ -68,6 +68,8 @@ class Recorder:
         self.state = "idle"  # idle -> active -> closed, or off
         self.clock = StepClock()
         self.run_info: Dict[str, Any] = {}
+        #: root module -> forward FLOPs of its first training batch and that batch's size
+        self.model_flops: Dict[str, Dict[str, int]] = {}
         self.last_comm_issue = 0
         self.timer = None
         self.capturing = 0
@@ -223,6 +225,13 @@ class Recorder:
     def note_model(self, detail: str, params: int) -> None:
         self.clock.note_model(detail, params)
 
+    def note_flops(self, detail: str, flops: int, items: int, device: Optional[str] = None) -> None:
+        """Forward FLOPs of one root module's first training batch (counted
+        once, for FLOP/s and MFU in the report)."""
+        self.model_flops[detail] = {"flops": int(flops), "items": int(items)}
+        if device:
+            self.run_info.setdefault("device_name", device)
+
     def optimizer_done(self, t1: int, source: str) -> None:
         """An optimizer step ended at ``t1``; closes the training step unless
         a framework step holds it."""
@@ -338,7 +347,8 @@ class Recorder:
             "clock": {"wall_ns_at_start": wall0, "mono_ns_at_start": mono0,
                       "wall_ns_at_end": time.time_ns(), "mono_ns_at_end": now(),
                       "boot_id": _boot_id()},
-            "models": dict(self.clock.models), "steps": self.clock.step, "status": status,
+            "models": dict(self.clock.models), "model_flops": dict(self.model_flops),
+            "steps": self.clock.step, "status": status,
             "python": sys.version.split()[0],
         }
         meta.update(self.run_info)

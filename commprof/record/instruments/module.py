@@ -4,7 +4,14 @@ wrapper, the loss), with the batch's leading dimension.
 Discovery: until the first optimizer step, torch's global forward hooks
 find the modules called at depth 0 ("roots"); each root then gets its own
 instance hooks and the global hooks are removed, so in steady state only
-the roots' calls pay for a hook (sub-modules run on torch's fast path)."""
+the roots' calls pay for a hook (sub-modules run on torch's fast path).
+
+FLOPs: the first training forward of each root with parameters runs under
+``torch.utils.flop_counter.FlopCounterMode`` (entered in the pre-hook, left
+in the post-hook; numerics unchanged, a few ms of dispatch on that one
+warm-up batch): forward FLOPs and the batch size go into the rank's
+metadata for FLOP/s and MFU. A failure there only switches the counting
+off."""
 from __future__ import annotations
 
 from .base import Instrument, leading_dim
@@ -32,6 +39,8 @@ class ModuleInstrument(Instrument):
         self._discover_t0 = None
         self._roots = {}  # id(module) -> detail
         self._stack = []
+        self._flops_done = set()  # root details counted
+        self._flop = None         # (mode, id(module), items) while counting
         self._global = [
             m.register_module_forward_pre_hook(self._g_pre),
             m.register_module_forward_hook(self._g_post, always_call=True),
@@ -58,6 +67,7 @@ class ModuleInstrument(Instrument):
                 if id(module) not in self._roots:
                     self._add_root(module)
                     self._discover_t0 = self._begin(module, args)
+                    self._count_flops(module, args)
             self._depth += 1
         except Exception as exc:
             self.fail(exc)
@@ -69,11 +79,54 @@ class ModuleInstrument(Instrument):
         try:
             self._depth -= 1
             if self._depth == 0 and self._discover_t0 is not None:
+                self._flops_end(module)
                 self._end(module, self._discover_t0)
                 self._discover_t0 = None
         except Exception as exc:
             self.fail(exc)
         return None
+
+    # -- FLOPs of the first batch --------------------------------------------
+    def _count_flops(self, module, args) -> None:
+        detail = self._roots.get(id(module))
+        if self._flop is not None or detail in self._flops_done or not self._torch.is_grad_enabled():
+            return
+        try:
+            if not any(p.requires_grad for p in module.parameters()):
+                return
+            items = leading_dim(args)
+            if not items:
+                return
+            from torch.utils.flop_counter import FlopCounterMode
+
+            mode = FlopCounterMode(display=False)
+            mode.__enter__()
+            self._flop = (mode, id(module), items)
+        except Exception as exc:  # counting is optional: log once, never count again
+            self._flop = None
+            self._flops_done.add(detail)
+            from ..log import log_once
+
+            log_once("flops", f"FLOP counting switched off: {exc!r}")
+
+    def _flops_end(self, module) -> None:
+        if self._flop is None or self._flop[1] != id(module):
+            return
+        mode, _mid, items = self._flop
+        self._flop = None
+        detail = self._roots.get(id(module)) or describe(module)
+        self._flops_done.add(detail)
+        try:
+            mode.__exit__(None, None, None)
+            device = None
+            p = next(module.parameters(), None)
+            if p is not None and p.is_cuda:
+                device = self._torch.cuda.get_device_name(p.device)
+            self.rec.note_flops(detail, mode.get_total_flops(), items, device)
+        except Exception as exc:
+            from ..log import log_once
+
+            log_once("flops", f"FLOP counting switched off: {exc!r}")
 
     # -- roots (instance hooks) ---------------------------------------------
     def _add_root(self, module) -> None:

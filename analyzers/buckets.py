@@ -1,0 +1,308 @@
+"""The fine grain: per gradient bucket, how backprop, reduction and the
+weight update interleave; the critical path across ranks; the delays
+between weight updates.
+
+*Gradient collectives* are the collectives a rank issues between the start
+of its backward and the start of its optimizer step (DDP's buckets, Horovod's
+tensors or fused groups, DeepSpeed's gradient all-reduces / ZeRO
+reduce-scatters), in issue order: bucket k of a step is the k-th of them.
+Times are on aligned clocks (the per-rank offsets of :mod:`.clocks`), so
+"waiting for peers" is the latest issue minus this rank's issue and
+"transfer" the mean completion minus the latest issue.
+
+Critical path of a step: the last gradient collective's completion decides
+when the optimizer can run; walking back, a collective started either when
+its last rank had the bucket ready (the gate is that rank: its data wait,
+forward or backward, whichever exceeds the median rank's most) or when the
+previous collective finished (the gate moves to that one's transfer). A
+step whose slowest backward ends after the last collective is gated by that
+rank's compute. Pure: pandas in, tables out."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+import pandas as pd
+
+#: at most this many measured steps per rank are kept for the fine grain
+MAX_STEPS = 200
+
+PHASE_COLUMNS = ["rank", "step", "s0", "s1", "data_ns", "fwd_ns", "b0", "b1", "o0", "o1", "wait_ns"]
+GRAD_COLUMNS = ["rank", "step", "k", "op", "source", "bytes", "issue", "end", "blocking"]
+
+
+def _union_ns(df: pd.DataFrame) -> pd.Series:
+    """Per (rank, step): length of the union of [t_start, t_end]."""
+    if df.empty:
+        return pd.Series(dtype=np.float64)
+    d = df.sort_values(["rank", "step", "t_start"])
+    ends = d.groupby(["rank", "step"])["t_end"].cummax()
+    prev = ends.groupby([d["rank"], d["step"]]).shift(1)
+    start = np.maximum(d["t_start"].to_numpy(np.float64), prev.fillna(-np.inf).to_numpy(np.float64))
+    length = np.clip(d["t_end"].to_numpy(np.float64) - start, 0, None)
+    return pd.Series(length, index=pd.MultiIndex.from_arrays([d["rank"], d["step"]])).groupby(level=[0, 1]).sum()
+
+
+def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS):
+    """(phases, grads) of the measured steps of the ranks in ``ev`` (events:
+    rank, step, category, name, source, t_start, t_end, bytes, blocking;
+    ``steps``: the measured (rank, step) pairs, ``t_start``/``t_end``)."""
+    key = ["rank", "step"]
+    st = steps[["rank", "step", "t_start", "t_end"]].rename(columns={"t_start": "s0", "t_end": "s1"})
+    st = st.sort_values(key)
+    # bounded: an even sample of at most max_steps per rank
+    pos = st.groupby("rank").cumcount()
+    n = st.groupby("rank")["step"].transform("size")
+    stride = np.ceil(n / max_steps).astype(int).clip(lower=1)
+    st = st[(pos % stride) == 0]
+    if st.empty:
+        return pd.DataFrame(columns=PHASE_COLUMNS), pd.DataFrame(columns=GRAD_COLUMNS)
+    ev = ev.merge(st[key], on=key, how="inner").reset_index(drop=True)
+    cat, name = ev["category"].astype(str), ev["name"].astype(str)
+    comp = ev[cat == "compute"]
+    bw = comp[name[cat == "compute"] == "backward"].groupby(key).agg(b0=("t_start", "min"), b1=("t_end", "max"))
+    opt = comp[name[cat == "compute"] == "optimizer"].groupby(key).agg(o0=("t_start", "min"), o1=("t_end", "max"))
+    fwd = _union_ns(comp[name[cat == "compute"] == "forward"]).rename("fwd_ns")
+    data = _union_ns(ev[cat == "data"]).rename("data_ns")
+    wait = _union_ns(ev[cat == "wait"]).rename("wait_ns")
+    ph = st.set_index(key).join([bw, opt, fwd, data, wait], how="left")
+    ph = ph[ph["b0"].notna()]
+    for c in ("fwd_ns", "data_ns", "wait_ns"):
+        ph[c] = ph[c].fillna(0.0)
+    ph["o0"] = ph["o0"].fillna(ph["s1"])
+    ph["o1"] = ph["o1"].fillna(ph["s1"])
+    comm = ev[cat == "comm"].join(ph[["b0", "o0"]], on=key, how="inner").reset_index(drop=True)
+    comm = comm[(comm["t_start"] >= comm["b0"]) & (comm["t_start"] < comm["o0"])]
+    comm = comm.sort_values(key + ["t_start"])
+    grads = pd.DataFrame({
+        "rank": comm["rank"].astype(np.int64), "step": comm["step"].astype(np.int64),
+        "k": comm.groupby(key).cumcount().astype(np.int64), "op": comm["name"].astype(str),
+        "source": comm["source"].astype(str), "bytes": comm["bytes"].astype(np.float64),
+        "issue": comm["t_start"].astype(np.int64), "end": comm["t_end"].astype(np.int64),
+        "blocking": comm["blocking"].fillna(True).astype(bool)})
+    ph = ph.reset_index()[PHASE_COLUMNS]
+    return ph, grads.reset_index(drop=True)
+
+
+def shifted(phases: pd.DataFrame, grads: pd.DataFrame, offsets: Dict[int, int]):
+    """Both frames with each rank's clock offset added (aligned clocks)."""
+    if not offsets:
+        return phases, grads
+    ph, gr = phases.copy(), grads.copy()
+    for frame, cols in ((ph, ("s0", "s1", "b0", "b1", "o0", "o1")), (gr, ("issue", "end"))):
+        off = frame["rank"].map(offsets).fillna(0).to_numpy(np.int64)
+        for c in cols:
+            frame[c] = frame[c].to_numpy(np.float64) + off
+    return ph, gr
+
+
+def _complete(grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
+    """Only (step, k) seen on every rank, and steps whose bucket count is the
+    usual one (the same model every step)."""
+    if grads.empty:
+        return grads
+    per = grads.groupby(["rank", "step"])["k"].max() + 1
+    usual = int(per.mode().iloc[0])
+    ok = per[per == usual].reset_index()[["rank", "step"]]
+    g = grads.merge(ok, on=["rank", "step"])
+    seen = g.groupby(["step", "k"])["rank"].transform("nunique")
+    return g[seen == n_ranks]
+
+
+BUCKET_COLUMNS = ["bucket", "op", "source", "bytes", "ready_ms", "ready_spread_ms", "issue_to_done_ms", "wait_ms",
+                  "transfer_ms", "tail_ms", "last_rank", "last_pct", "samples"]
+
+
+def bucket_table(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
+    """Per bucket index: size, when it became ready after the backward's
+    start (median), the spread of that instant across ranks, issue to
+    completion, waiting for peers vs transferring (means), the exposed tail
+    after each rank's backward ended, and the rank most often last ready."""
+    g = _complete(grads, n_ranks)
+    if g.empty:
+        return pd.DataFrame(columns=BUCKET_COLUMNS)
+    g = g.merge(phases[["rank", "step", "b0", "b1"]], on=["rank", "step"])
+    inst = g.groupby(["step", "k"]).agg(last=("issue", "max"), first=("issue", "min"), done=("end", "mean"))
+    g = g.join(inst, on=["step", "k"])
+    last_rank = g.loc[g.groupby(["step", "k"])["issue"].idxmax(), ["step", "k", "rank"]]
+    rows = []
+    for k, d in g.groupby("k"):
+        lr = last_rank[last_rank["k"] == k]["rank"]
+        mode = int(lr.mode().iloc[0]) if len(lr) else -1
+        i = inst.xs(k, level="k")
+        rows.append({
+            "bucket": int(k), "op": d["op"].mode().iloc[0], "source": d["source"].mode().iloc[0],
+            "bytes": float(d["bytes"].median()),
+            "ready_ms": float(((d["issue"] - d["b0"]) / 1e6).median()),
+            "ready_spread_ms": float(((i["last"] - i["first"]) / 1e6).mean()),
+            "issue_to_done_ms": float(((d["end"] - d["issue"]) / 1e6).median()),
+            "wait_ms": float(((d["last"] - d["issue"]) / 1e6).mean()),
+            "transfer_ms": float(((i["done"] - i["last"]) / 1e6).clip(lower=0).mean()),
+            "tail_ms": float(((d["end"] - d["b1"]) / 1e6).clip(lower=0).mean()),
+            "last_rank": mode if n_ranks > 1 else np.nan,
+            "last_pct": 100.0 * float((lr == mode).mean()) if len(lr) and n_ranks > 1 else np.nan,
+            "samples": int(len(d))})
+    return pd.DataFrame(rows, columns=BUCKET_COLUMNS)
+
+
+PATH_COLUMNS = ["step", "gate", "gate_rank", "gate_bucket", "gate_phase", "path", "tail_ms"]
+
+
+def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
+    """One row per measured step seen on every rank: the gate (what the
+    step's end waited for, walking back from the last gradient collective)
+    and the whole chain as text."""
+    g = _complete(grads, n_ranks)
+    ph = phases.set_index(["rank", "step"])
+    rows = []
+    steps = sorted(set(g["step"])) if len(g) else sorted(set(phases["step"]))
+    for s in steps:
+        try:
+            p = ph.xs(s, level="step")
+        except KeyError:
+            continue
+        if len(p) < n_ranks:
+            continue
+        d = g[g["step"] == s]
+        bwd_end = p["b1"].max()
+        slow_bwd = int(p["b1"].idxmax())
+        if d.empty:
+            rows.append(_gate_row(s, "compute", slow_bwd, None, _late_phase(p, slow_bwd, None),
+                                  [f"rank {slow_bwd} backward", "optimizer"], 0.0))
+            continue
+        inst = d.groupby("k").agg(last=("issue", "max"), done=("end", "mean"),
+                                  who=("issue", lambda x: int(d.loc[x.idxmax(), "rank"])),
+                                  nbytes=("bytes", "median"))
+        ks = list(inst.index)
+        last_done = float(inst["done"].iloc[-1])
+        if bwd_end > last_done:   # the slowest backward ends after every collective: compute gates
+            rows.append(_gate_row(s, "compute", slow_bwd, None, _late_phase(p, slow_bwd, None),
+                                  [f"rank {slow_bwd} backward", "optimizer"], 0.0))
+            continue
+        chain: List[str] = []
+        j = len(ks) - 1
+        while j > 0 and inst["last"].iloc[j] < inst["done"].iloc[j - 1]:
+            chain.insert(0, f"bucket {ks[j]} {d['op'].iloc[0]}")
+            j -= 1
+        k, who = ks[j], int(inst["who"].iloc[j])
+        phase = _late_phase(p, who, float(inst["last"].iloc[j]))
+        chain = [f"rank {who} {phase}", f"bucket {k} ready last on rank {who}", f"bucket {k} {d['op'].iloc[0]}"] \
+            + chain + ["optimizer"]
+        rows.append(_gate_row(s, "bucket", who, int(k), phase, chain, (last_done - bwd_end) / 1e6))
+    return pd.DataFrame(rows, columns=PATH_COLUMNS)
+
+
+def _late_phase(p: pd.DataFrame, rank: int, ready_at: Optional[float]) -> str:
+    """Which of the rank's phases exceeds the median rank's most: data wait,
+    forward, or backward (up to the bucket's ready instant)."""
+    r = p.loc[rank]
+    med = p.median()
+    data_x = r["data_ns"] - med["data_ns"]
+    fwd_x = r["fwd_ns"] - med["fwd_ns"]
+    if ready_at is not None:
+        bw = ready_at - r["b0"]
+        bw_x = bw - float((ready_at - p["b0"]).median())
+    else:
+        bw_x = (r["b1"] - r["b0"]) - float((p["b1"] - p["b0"]).median())
+    start_x = (r["s0"] - med["s0"])
+    best = max((data_x, "data wait"), (fwd_x, "forward"), (bw_x, "backward"), (start_x, "late start"))
+    return best[1] if best[0] > 0 else "backward"
+
+
+def _gate_row(step, kind, rank, bucket, phase, chain, tail_ms):
+    if kind == "compute":
+        gate = f"rank {rank} {phase} (compute: the slowest backward ends after the last collective)"
+    else:
+        gate = f"bucket {bucket}, ready last on rank {rank} ({phase})"
+    return {"step": int(step), "gate": gate, "gate_rank": int(rank), "gate_bucket": bucket, "gate_phase": phase,
+            "path": " -> ".join(chain), "tail_ms": tail_ms}
+
+
+GATE_COLUMNS = ["gate", "bucket", "bytes", "rank", "steps", "steps_pct", "phase", "tail_ms", "example"]
+
+
+def gate_table(paths: pd.DataFrame, buckets_t: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """How often each gate (a bucket made late by one rank, or one rank's
+    compute) decides the step: share of measured steps, the phase that made
+    the rank late most often, the mean exposed tail after the slowest
+    backward, an example chain."""
+    if paths.empty:
+        return pd.DataFrame(columns=GATE_COLUMNS)
+    p = paths.assign(b=paths["gate_bucket"].fillna(-1).astype(int))
+    sizes = {} if buckets_t is None or buckets_t.empty else dict(zip(buckets_t["bucket"], buckets_t["bytes"]))
+    rows = []
+    for (b, r), d in p.groupby(["b", "gate_rank"]):
+        gate = f"bucket {b}, ready last on rank {r}" if b >= 0 else f"rank {r} compute (backward ends last)"
+        rows.append({"gate": gate, "bucket": b if b >= 0 else np.nan, "bytes": sizes.get(b, np.nan),
+                     "rank": int(r), "steps": int(len(d)), "steps_pct": 100.0 * len(d) / len(p),
+                     "phase": d["gate_phase"].mode().iloc[0], "tail_ms": float(d["tail_ms"].mean()),
+                     "example": d["path"].iloc[0]})
+    out = pd.DataFrame(rows, columns=GATE_COLUMNS)
+    return out.sort_values(["steps", "gate"], ascending=[False, True]).reset_index(drop=True)
+
+
+def gate_summary(paths: pd.DataFrame) -> Dict[str, object]:
+    """The most frequent gating bucket and rank, with their shares of steps."""
+    if paths.empty:
+        return {}
+    b = paths["gate_bucket"].fillna(-1).astype(int)
+    top_b = int(b.mode().iloc[0])
+    top_r = int(paths["gate_rank"].mode().iloc[0])
+    return {"bucket": top_b, "bucket_pct": 100.0 * float((b == top_b).mean()), "rank": top_r,
+            "rank_pct": 100.0 * float((paths["gate_rank"] == top_r).mean()), "steps": int(len(paths))}
+
+
+UPDATE_COLUMNS = ["ranks", "updates", "delay_ms_p50", "delay_ms_p95", "delay_ms_max", "data_ms", "forward_ms",
+                  "backward_ms", "waiting_ms", "other_ms", "idle_ms_p50"]
+
+
+def update_delays(phases: pd.DataFrame) -> pd.DataFrame:
+    """Time from the end of one optimizer step to the start of the next on
+    each rank (the delay between two updates of the same weights): its
+    distribution, what fills it (means: data wait, forward, backward,
+    waiting for communication, the rest), and the median longest single
+    wait per step (data or communication) — a background job that short
+    fits into the waits for free."""
+    if phases.empty:
+        return pd.DataFrame(columns=UPDATE_COLUMNS)
+    p = phases.sort_values(["rank", "step"]).copy()
+    p["prev_o1"] = p.groupby("rank")["o1"].shift(1)
+    p = p[p["prev_o1"].notna() & (p["step"] == p.groupby("rank")["step"].shift(1).add(1).fillna(-1))]
+    if p.empty:
+        return pd.DataFrame(columns=UPDATE_COLUMNS)
+    delay = (p["o0"] - p["prev_o1"]) / 1e6
+    bwd = (p["b1"] - p["b0"]) / 1e6
+    data, fwd, wait = p["data_ns"] / 1e6, p["fwd_ns"] / 1e6, p["wait_ns"] / 1e6
+    other = (delay - data - fwd - bwd - wait).clip(lower=0)
+    idle = np.maximum(data, wait)
+    return pd.DataFrame([{
+        "ranks": int(p["rank"].nunique()), "updates": int(len(p)),
+        "delay_ms_p50": float(delay.median()), "delay_ms_p95": float(np.percentile(delay, 95)),
+        "delay_ms_max": float(delay.max()), "data_ms": float(data.mean()), "forward_ms": float(fwd.mean()),
+        "backward_ms": float(bwd.mean()), "waiting_ms": float(wait.mean()), "other_ms": float(other.mean()),
+        "idle_ms_p50": float(idle.median())}], columns=UPDATE_COLUMNS)
+
+
+def gantt(phases: pd.DataFrame, grads: pd.DataFrame, steps: int = 3, ranks: int = 4) -> pd.DataFrame:
+    """Bars for a per-bucket Gantt of a few steps of a few ranks: rank,
+    lane (backward / bucket k), start_ms, dur_ms, name (times relative to
+    the first shown step's earliest start)."""
+    if phases.empty:
+        return pd.DataFrame(columns=["rank", "lane", "start_ms", "dur_ms", "name"])
+    show_r = sorted(phases["rank"].unique())[:ranks]
+    mid = sorted(phases["step"].unique())
+    show_s = mid[len(mid) // 2: len(mid) // 2 + steps] if len(mid) > steps else mid
+    ph = phases[phases["rank"].isin(show_r) & phases["step"].isin(show_s)]
+    gr = grads[grads["rank"].isin(show_r) & grads["step"].isin(show_s)]
+    t0 = float(ph["s0"].min())
+    bars = []
+    for _, r in ph.iterrows():
+        bars.append({"rank": int(r["rank"]), "lane": "backward", "start_ms": (r["b0"] - t0) / 1e6,
+                     "dur_ms": (r["b1"] - r["b0"]) / 1e6, "name": f"step {int(r['step'])} backward"})
+        bars.append({"rank": int(r["rank"]), "lane": "optimizer", "start_ms": (r["o0"] - t0) / 1e6,
+                     "dur_ms": (r["o1"] - r["o0"]) / 1e6, "name": f"step {int(r['step'])} optimizer"})
+    for _, r in gr.iterrows():
+        bars.append({"rank": int(r["rank"]), "lane": f"bucket {int(r['k'])}", "start_ms": (r["issue"] - t0) / 1e6,
+                     "dur_ms": (r["end"] - r["issue"]) / 1e6,
+                     "name": f"step {int(r['step'])} bucket {int(r['k'])} {r['op']} {r['bytes'] / 2 ** 20:.1f} MiB"})
+    return pd.DataFrame(bars, columns=["rank", "lane", "start_ms", "dur_ms", "name"])

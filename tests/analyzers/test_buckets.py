@@ -1,0 +1,104 @@
+"""The fine grain on hand-built traces with known answers: per-bucket
+timings, the critical path across ranks, delays between weight updates."""
+import os
+import sys
+
+import pytest
+
+import commprof
+from commprof.analyzers import buckets as bk
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import tracegen  # noqa: E402
+
+HOP, BUS = 80e-6, 0.5e9
+SIZES = (2e6, 8e6, 16e6)
+
+
+def _t(n):  # transfer time of bucket size n at 2 ranks under the generator's model
+    return (HOP * 1 + n * 1.0 / BUS) * 1e3
+
+
+@pytest.fixture(scope="module")
+def late(tmp_path_factory):
+    """2 ranks; rank 1 waits 5 ms longer for its data every step; no other jitter."""
+    p = str(tmp_path_factory.mktemp("late") / "late.parquet")
+    tracegen.write_run(p, tracegen.modelled_run(2, 12, hop_s=HOP, bus_Bps=BUS, sizes=SIZES,
+                                                ready_frac=(0.3, 0.7, 1.0), data_ms=(2.0, 2.0), late_rank=1,
+                                                late_ms=5.0))
+    return commprof.load(p).analysis()
+
+
+def test_bucket_table_golden(late):
+    b = bk.bucket_table(late.fine_phases, late.fine_grads, 2).set_index("bucket")
+    assert list(b.index) == [0, 1, 2] and list(b["bytes"]) == list(SIZES)
+    # ready at 30 %, 70 %, 100 % of a 30 ms backward, on each rank's own clock
+    assert b["ready_ms"].tolist() == pytest.approx([9.0, 21.0, 30.0], abs=1e-3)
+    # rank 1 is 5 ms late: spread 5 ms, rank 0 waits 5 ms (mean over the two ranks 2.5)
+    assert b["ready_spread_ms"].tolist() == pytest.approx([5.0, 5.0, 5.0], abs=1e-3)
+    assert b["wait_ms"].tolist() == pytest.approx([2.5, 2.5, 2.5], abs=1e-3)
+    assert (b["last_rank"] == 1).all() and (b["last_pct"] == 100).all()
+    # bucket 0 and 1 start when ready; bucket 2 (ready 9 ms after bucket 1) queues behind it
+    assert b.loc[0, "transfer_ms"] == pytest.approx(_t(2e6), abs=1e-3)
+    assert b.loc[1, "transfer_ms"] == pytest.approx(_t(8e6), abs=1e-3)
+    queued = _t(8e6) - 9.0          # bucket 1's remaining time when bucket 2 is ready on rank 1
+    assert b.loc[2, "transfer_ms"] == pytest.approx(queued + _t(16e6), abs=1e-3)
+    # exposed tail after the backward: only the last bucket, on the late rank its full time
+    tail_r1 = queued + _t(16e6)
+    tail_r0 = tail_r1 + 5.0
+    assert b.loc[2, "tail_ms"] == pytest.approx((tail_r0 + tail_r1) / 2, abs=1e-3)
+    assert b.loc[0, "tail_ms"] == 0
+
+
+def test_critical_path_names_the_late_rank_and_the_bucket(late):
+    paths = bk.critical_paths(late.fine_phases, late.fine_grads, 2)
+    assert len(paths) == 11
+    # bucket 2 queued behind bucket 1, which started when rank 1 had it ready; rank 1 was late in its data
+    assert set(paths["gate_bucket"]) == {1} and set(paths["gate_rank"]) == {1}
+    assert set(paths["gate_phase"]) == {"data wait"}
+    assert set(paths["path"]) == {"rank 1 data wait -> bucket 1 ready last on rank 1 -> bucket 1 all_reduce "
+                                  "-> bucket 2 all_reduce -> optimizer"}
+    g = bk.gate_table(paths, bk.bucket_table(late.fine_phases, late.fine_grads, 2))
+    assert g.iloc[0]["gate"] == "bucket 1, ready last on rank 1" and g.iloc[0]["steps_pct"] == 100
+
+
+def test_the_report_says_which_bucket_gates(late, tmp_path):
+    p = str(tmp_path / "late.parquet")
+    tracegen.write_run(p, tracegen.modelled_run(2, 12, hop_s=HOP, bus_Bps=BUS, sizes=SIZES,
+                                                data_ms=(2.0, 2.0), late_rank=1, late_ms=5.0))
+    rep = commprof.load(p).report()
+    assert {"buckets", "critical_path", "updates"} <= set(rep.tables)
+    f = rep.tables["bottlenecks"].frame
+    row = f[f["finding"].str.startswith("critical path")].iloc[0]
+    assert row["finding"] == "critical path: bucket 1 (7.6 MiB) gates 100 % of steps"
+    assert "rank 1 is the last ready in 100 % (why: data wait)" in row["evidence"]
+    assert "rank 1 waits for its data" in row["advice"]
+
+
+def test_a_fast_network_puts_the_late_rank_on_the_path(tmp_path):
+    """Tiny buckets on a fast network: nothing queues; the last bucket
+    (ready when each backward ends) waits for the late rank — rank 0 here."""
+    p = str(tmp_path / "fast.parquet")
+    tracegen.write_run(p, tracegen.modelled_run(2, 8, hop_s=1e-6, bus_Bps=1e12, sizes=(1e3, 1e3),
+                                                ready_frac=(0.3, 1.0), data_ms=(2.0, 2.0), late_rank=0,
+                                                late_ms=3.0))
+    a = commprof.load(p).analysis()
+    paths = bk.critical_paths(a.fine_phases, a.fine_grads, 2)
+    assert set(paths["gate_rank"]) == {0} and set(paths["gate_bucket"]) == {1}
+    assert set(paths["gate_phase"]) == {"data wait"}
+    assert set(paths["path"]) == {"rank 0 data wait -> bucket 1 ready last on rank 0 -> bucket 1 all_reduce "
+                                  "-> optimizer"}
+
+
+def test_update_delays_golden(late):
+    u = bk.update_delays(late.fine_phases).iloc[0]
+    # between two updates: data (2 ms, rank 1 7 ms), forward 10, backward 30, then waiting for the last bucket
+    assert u["forward_ms"] == pytest.approx(10.0, abs=1e-3) and u["backward_ms"] == pytest.approx(30.0, abs=1e-3)
+    assert u["data_ms"] == pytest.approx(4.5, abs=1e-3)
+    tail_r1 = _t(8e6) - 9.0 + _t(16e6)
+    assert u["waiting_ms"] == pytest.approx(((tail_r1 + 5.0) + tail_r1) / 2, abs=1e-3)
+    assert u["delay_ms_p50"] == pytest.approx(u["data_ms"] + 10 + 30 + u["waiting_ms"], abs=0.6)
+    assert u["updates"] == 2 * 10 and u["ranks"] == 2
+    # the longest single wait per step is the communication tail: rank 0's (tail_r1 + 5) and rank 1's
+    assert u["idle_ms_p50"] == pytest.approx(((tail_r1 + 5.0) + tail_r1) / 2, abs=1e-3)

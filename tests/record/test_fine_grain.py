@@ -1,0 +1,61 @@
+"""The fine grain on real processes: a 2-rank DDP job whose rank 1 is made
+late before its backward has bucket waits and the critical path attributed
+to rank 1; Horovod and DeepSpeed runs get the bucket, critical-path and
+update-delay tables; an MLP's FLOPs per sample are counted exactly."""
+import os
+import sys
+
+import pytest
+
+import commprof
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+PY = sys.executable
+WL = os.path.join(ROOT, "tests", "workloads")
+
+
+def test_ddp_late_rank_gates_the_buckets(record):
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "multinode.py"),
+                        "--steps", "12", "--slow-rank", "1", "--slow-ms", "40"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = commprof.load(out).report()
+    b = rep.tables["buckets"].frame
+    assert len(b) >= 1 and (b["last_rank"] == 1).all() and (b["last_pct"] >= 80).all()
+    assert (b["wait_ms"] >= 15).all()            # rank 0 waits ~40 ms at every bucket: mean over 2 ranks ~20
+    g = rep.tables["critical_path"].frame
+    top = g.iloc[0]
+    assert top["rank"] == 1 and top["steps_pct"] >= 80 and top["phase"] == "forward", g
+    f = rep.tables["bottlenecks"].frame
+    assert f["finding"].str.startswith("critical path: bucket").any()
+
+
+@pytest.mark.parametrize("launch", [
+    ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY, os.path.join(WL, "tiny_hvd.py"), "--steps", "6"],
+    ["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "tiny_ds.py"), "--zero", "0", "--steps", "6"],
+    ["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "tiny_ds.py"), "--zero", "2", "--steps", "6"],
+], ids=["horovod", "deepspeed-zero0", "deepspeed-zero2"])
+def test_horovod_and_deepspeed_get_the_fine_grain(record, launch):
+    proc, out = record(launch)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = commprof.load(out).report()
+    for name in ("buckets", "critical_path", "updates"):
+        assert name in rep.tables and len(rep.tables[name].frame), (name, list(rep.tables))
+    b = rep.tables["buckets"].frame
+    assert (b["bytes"] > 0).all() and b["samples"].min() >= 2 * 4
+    u = rep.tables["updates"].frame.iloc[0]
+    assert u["delay_ms_p50"] > 0 and u["ranks"] == 2
+
+
+def test_mlp_flops_per_sample_are_exact(record):
+    """tests/workloads/tiny.py's MLP, Linear(32, 64), Linear(64, 64),
+    Linear(64, 10): forward FLOPs per sample = 2 x sum(in x out)."""
+    proc, out = record([PY, os.path.join(WL, "tiny.py"), "--steps", "6"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = commprof.load(out)
+    expected = 2 * (32 * 64 + 64 * 64 + 64 * 10)
+    assert t.analysis().meta["fwd_flops_per_sample"] == expected
+    bd = t.breakdown().iloc[0]
+    assert bd["tflops_per_gpu"] == pytest.approx(3 * expected * bd["samples_per_s"] / 1e12, rel=1e-9)
+    assert bd["mfu_pct"] != bd["mfu_pct"]        # no GPU: no peak, no MFU
