@@ -98,6 +98,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     phases: List[pd.DataFrame] = []
     fine_ph: List[pd.DataFrame] = []
     fine_gr: List[pd.DataFrame] = []
+    tl_src = None
 
     def work(chunk):
         ev = Events.of(chunk)
@@ -179,8 +180,11 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                     comms.append(comm)
                 else:
                     colls.add(comm)
-            if tl.empty:
-                tl = timeline(_small_window(chunk, steps), steps)
+            if tl.empty and tl_src is None:
+                if multi_host:  # drawn once the hosts' clocks are aligned
+                    tl_src = (_small_window(chunk, steps), steps)
+                else:
+                    tl = timeline(_small_window(chunk, steps), steps)
             del chunk
     # hosts' clocks are aligned from all ranks' collectives before the
     # cross-rank statistics (arrival skew) are folded
@@ -189,6 +193,12 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     for comm in comms:
         colls.add(comm, offsets)
     del comms
+    if tl_src is not None:
+        win = tl_src[0].copy()
+        off = win["rank"].map(offsets).fillna(0).astype(np.int64)
+        win["t_start"] = win["t_start"] + off
+        win["t_end"] = win["t_end"] + off
+        tl = timeline(win, tl_src[1])
     hosts = {r: d[0] for r, d in clocks.domains(rank_metas).items()}
     steps = pd.concat(parts, ignore_index=True) if parts else \
         pd.DataFrame(columns=[c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")])

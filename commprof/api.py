@@ -164,6 +164,54 @@ class Trace:
     def bottlenecks(self, **kw) -> pd.DataFrame:
         return self.report(**kw).tables["bottlenecks"].frame
 
+    # -- the fine grain (analyzers/buckets.py) -----------------------------------
+    def buckets(self, **kw) -> pd.DataFrame:
+        """Per gradient bucket: bytes, ready instant after the backward's
+        start, waiting for peers vs transfer, exposed tail, last rank."""
+        t = self.report(**kw).tables.get("buckets")
+        return t.frame if t is not None else pd.DataFrame()
+
+    def critical_path(self, per_step: bool = False, warmup: int = 1) -> pd.DataFrame:
+        """What each step's end waited for: the gate table (share of steps
+        per bucket and rank), or one row per step with its whole chain."""
+        from .analyzers import buckets as bk
+
+        a = self.analysis(warmup)
+        paths = bk.critical_paths(a.fine_phases, a.fine_grads, a.world_size)
+        if per_step:
+            return paths
+        return bk.gate_table(paths, bk.bucket_table(a.fine_phases, a.fine_grads, a.world_size))
+
+    def update_delays(self, **kw) -> pd.DataFrame:
+        """Delays between weight updates per rank: distribution and what fills them."""
+        t = self.report(**kw).tables.get("updates")
+        return t.frame if t is not None else pd.DataFrame()
+
+    def plot_buckets(self, steps: Optional[Tuple[int, int]] = None, ranks: int = 4, warmup: int = 1):
+        """Per-bucket Gantt: each rank's backward and optimizer and every
+        gradient collective (issue to completion, aligned clocks) for a few
+        steps (default: 3 from the middle of the run)."""
+        import plotly.graph_objects as go
+
+        from .analyzers import buckets as bk
+
+        a = self.analysis(warmup)
+        ph, gr = a.fine_phases, a.fine_grads
+        n = 3
+        if steps is not None:
+            ph = ph[(ph["step"] >= steps[0]) & (ph["step"] <= steps[1])]
+            gr = gr[(gr["step"] >= steps[0]) & (gr["step"] <= steps[1])]
+            n = steps[1] - steps[0] + 1
+        bars = bk.gantt(ph, gr, steps=n, ranks=ranks)
+        fig = go.Figure()
+        for lane, g in bars.groupby("lane", sort=False):
+            fig.add_bar(orientation="h", name=lane, y=[f"rank {r} {lane}" for r in g["rank"]], x=g["dur_ms"],
+                        base=g["start_ms"], text=g["name"], hoverinfo="text+x", textposition="none")
+        fig.update_layout(barmode="overlay", xaxis_title="time (ms)", yaxis={"autorange": "reversed"},
+                          title="gradient buckets: backward, all-reduces, optimizer",
+                          height=160 + 22 * bars[["rank", "lane"]].drop_duplicates().shape[0])
+        return fig
+
     # -- plots (plotly figures) -----------------------------------------------
     def plot_breakdown(self, **kw):
         return compare([self], **kw).plot_breakdown()

@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--group-by", default=None, metavar="KEYS",
                      help="comma-separated metadata keys that define a configuration "
                           "(default: framework,loader,model,batch_size + labels)")
+    rep.add_argument("--peak-tflops", type=float, default=None, metavar="T",
+                     help="the GPU's peak TFLOP/s for MFU (default: a table of common GPUs by device name)")
     _face_options(rep)
     md = sub.add_parser("model", help="alpha-beta model of a trace's collectives",
                         description="Fit T(S) = alpha + S / beta per collective from any trace (a training run "
@@ -555,6 +557,12 @@ def cmd_report(args) -> int:
     group_by = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else None
     if args.warmup < 0:
         raise TraceFormatError("--warmup must be >= 0")
+    if args.peak_tflops is not None:
+        if args.peak_tflops <= 0:
+            raise UsageError("--peak-tflops must be > 0")
+        from .analyzers import scaling
+
+        scaling.PEAK_OVERRIDE["peak"] = args.peak_tflops
     report = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by).report()
     fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"
     shown = _select(report, args)

@@ -145,6 +145,9 @@ class HtmlRenderer(Renderer):
         pr = report.tables.get("prediction")
         if pr is not None and len(pr.frame):
             figs.append(self._prediction_figure(pr.frame))
+        gantt = report.extras.get("gantt")
+        if gantt is not None and len(gantt):
+            figs.append(self._gantt_figure(gantt))
         timelines = [(name, tl) for name, tl in (report.extras.get("timelines") or {}).items()
                      if tl is not None and len(tl)]
         # the run with the most ranks (ties: the first): where waiting shows
@@ -166,6 +169,29 @@ class HtmlRenderer(Renderer):
                          "compute rows while a comm row is busy are exposed communication.", fig))
             break
         return figs
+
+    @staticmethod
+    def _gantt_figure(g):
+        data = []
+        lanes = list(dict.fromkeys(g["lane"]))
+        for j, lane in enumerate(lanes):
+            d = g[g["lane"] == lane]
+            others = ["#E69F00", "#56B4E9", "#0072B2", "#D55E00", "#999999", "#F0E442"]
+            color = {"backward": COLORS["compute"], "optimizer": COLORS["optimizer"]}.get(
+                lane, others[j % len(others)])
+            data.append({"type": "bar", "orientation": "h", "name": esc(lane),
+                         "y": [f"rank {int(r)} {esc(lane)}" for r in d["rank"]],
+                         "x": [float(v) for v in d["dur_ms"]], "base": [float(v) for v in d["start_ms"]],
+                         "text": [esc(n) for n in d["name"]], "hoverinfo": "text+x", "textposition": "none",
+                         "marker": {"color": color}})
+        rows = g[["rank", "lane"]].drop_duplicates().shape[0]
+        fig = _layout(data, f"gradient buckets: {esc(g.attrs.get('title', ''))}", {"title": {"text": "time (ms)"}},
+                      {"title": {"text": "rank / activity"}, "autorange": "reversed", "type": "category"})
+        fig["layout"].update(barmode="overlay", height=180 + 22 * rows)
+        return ("Gradient buckets, a few steps",
+                "One row per rank and bucket: each bar runs from the bucket's all-reduce issue (its gradients "
+                "ready) to its completion; the last rank's issue starts the transfer; the part after the "
+                "backward bar ends is exposed.", fig)
 
     @staticmethod
     def _prediction_figure(f):
