@@ -104,7 +104,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         ev = Events.of(chunk)
         steps = breakdown.measured(breakdown.per_step(ev), warmup)
         if steps.empty:
-            return steps, (None, None, None, None)
+            return steps, (None, None, None, None, None)
         comm = None
         is_comm = ev.cat == CAT["comm"]
         if is_comm.any():
