@@ -58,20 +58,22 @@ def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS)
     if st.empty:
         return pd.DataFrame(columns=PHASE_COLUMNS), pd.DataFrame(columns=GRAD_COLUMNS)
     ev = ev.merge(st[key], on=key, how="inner").reset_index(drop=True)
-    cat, name = ev["category"].astype(str), ev["name"].astype(str)
-    comp = ev[cat == "compute"]
-    bw = comp[name[cat == "compute"] == "backward"].groupby(key).agg(b0=("t_start", "min"), b1=("t_end", "max"))
-    opt = comp[name[cat == "compute"] == "optimizer"].groupby(key).agg(o0=("t_start", "min"), o1=("t_end", "max"))
-    fwd = _union_ns(comp[name[cat == "compute"] == "forward"]).rename("fwd_ns")
-    data = _union_ns(ev[cat == "data"]).rename("data_ns")
-    wait = _union_ns(ev[cat == "wait"]).rename("wait_ns")
+    # compared as they come (categorical or object): no string conversion of every row
+    cat = ev["category"]
+    comp = ev[(cat == "compute").to_numpy(bool)]
+    cname = comp["name"]
+    bw = comp[(cname == "backward").to_numpy(bool)].groupby(key).agg(b0=("t_start", "min"), b1=("t_end", "max"))
+    opt = comp[(cname == "optimizer").to_numpy(bool)].groupby(key).agg(o0=("t_start", "min"), o1=("t_end", "max"))
+    fwd = _union_ns(comp[(cname == "forward").to_numpy(bool)]).rename("fwd_ns")
+    data = _union_ns(ev[(cat == "data").to_numpy(bool)]).rename("data_ns")
+    wait = _union_ns(ev[(cat == "wait").to_numpy(bool)]).rename("wait_ns")
     ph = st.set_index(key).join([bw, opt, fwd, data, wait], how="left")
     ph = ph[ph["b0"].notna()]
     for c in ("fwd_ns", "data_ns", "wait_ns"):
         ph[c] = ph[c].fillna(0.0)
     ph["o0"] = ph["o0"].fillna(ph["s1"])
     ph["o1"] = ph["o1"].fillna(ph["s1"])
-    comm = ev[cat == "comm"].join(ph[["b0", "o0"]], on=key, how="inner").reset_index(drop=True)
+    comm = ev[(cat == "comm").to_numpy(bool)].join(ph[["b0", "o0"]], on=key, how="inner").reset_index(drop=True)
     comm = comm[(comm["t_start"] >= comm["b0"]) & (comm["t_start"] < comm["o0"])]
     comm = comm.sort_values(key + ["t_start"])
     grads = pd.DataFrame({
