@@ -19,7 +19,7 @@ step whose slowest backward ends after the last collective is gated by that
 rank's compute. Pure: pandas in, tables out."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,7 @@ import pandas as pd
 MAX_STEPS = 200
 
 PHASE_COLUMNS = ["rank", "step", "s0", "s1", "data_ns", "fwd_ns", "b0", "b1", "o0", "o1", "wait_ns"]
-GRAD_COLUMNS = ["rank", "step", "k", "op", "source", "bytes", "issue", "end", "blocking"]
+GRAD_COLUMNS = ["rank", "step", "k", "op", "source", "detail", "bytes", "issue", "end", "blocking"]
 
 
 def _union_ns(df: pd.DataFrame) -> pd.Series:
@@ -79,7 +79,8 @@ def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS)
     grads = pd.DataFrame({
         "rank": comm["rank"].astype(np.int64), "step": comm["step"].astype(np.int64),
         "k": comm.groupby(key).cumcount().astype(np.int64), "op": comm["name"].astype(str),
-        "source": comm["source"].astype(str), "bytes": comm["bytes"].astype(np.float64),
+        "source": comm["source"].astype(str), "detail": comm["detail"].astype(str),
+        "bytes": comm["bytes"].astype(np.float64),
         "issue": comm["t_start"].astype(np.int64), "end": comm["t_end"].astype(np.int64),
         "blocking": comm["blocking"].fillna(True).astype(bool)})
     ph = ph.reset_index()[PHASE_COLUMNS]
@@ -112,14 +113,26 @@ def _complete(grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
 
 
 BUCKET_COLUMNS = ["bucket", "op", "source", "bytes", "ready_ms", "ready_spread_ms", "issue_to_done_ms", "wait_ms",
-                  "transfer_ms", "tail_ms", "last_rank", "last_pct", "samples"]
+                  "transfer_ms", "tail_ms", "last_rank", "last_pct", "samples", "params"]
 
 
-def bucket_table(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
+def params_label(modules: Sequence[str], limit: int = 3) -> str:
+    """A bucket's modules in short: 'layer4.1.conv2, layer4.1.bn2 ... fc (12 modules)'."""
+    mods = [m for m in modules if m]
+    if len(mods) <= limit:
+        return ", ".join(mods)
+    return f"{', '.join(mods[:2])} ... {mods[-1]} ({len(mods)} modules)"
+
+
+def bucket_table(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int,
+                 names: Optional[Dict[str, Sequence[str]]] = None) -> pd.DataFrame:
     """Per bucket index: size, when it became ready after the backward's
     start (median), the spread of that instant across ranks, issue to
     completion, waiting for peers vs transferring (means), the exposed tail
-    after each rank's backward ended, and the rank most often last ready."""
+    after each rank's backward ended, the rank most often last ready, and
+    what the bucket holds: DDP's module names where the recorder saw them
+    (``names``: bucket index -> modules), else the collective's tensor name
+    (Horovod)."""
     g = _complete(grads, n_ranks)
     if g.empty:
         return pd.DataFrame(columns=BUCKET_COLUMNS)
@@ -143,8 +156,15 @@ def bucket_table(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> pd.
             "tail_ms": float(((d["end"] - d["b1"]) / 1e6).clip(lower=0).mean()),
             "last_rank": mode if n_ranks > 1 else np.nan,
             "last_pct": 100.0 * float((lr == mode).mean()) if len(lr) and n_ranks > 1 else np.nan,
-            "samples": int(len(d))})
+            "samples": int(len(d)), "params": _holds(k, d, names)})
     return pd.DataFrame(rows, columns=BUCKET_COLUMNS)
+
+
+def _holds(k: int, d: pd.DataFrame, names: Optional[Dict[str, Sequence[str]]]) -> str:
+    if names and str(k) in names:
+        return params_label(names[str(k)])
+    detail = d["detail"].mode().iloc[0] if "detail" in d and len(d) else ""
+    return "" if detail in ("default", "None", "nan", "") or detail.startswith("_") else str(detail)
 
 
 PATH_COLUMNS = ["step", "gate", "gate_rank", "gate_bucket", "gate_phase", "path", "tail_ms"]

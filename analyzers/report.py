@@ -231,7 +231,7 @@ BUCKET_TABLE_COLUMNS = [
     ("bytes", "bytes", ",.0f"), ("ready_ms", "ready ms", ".2f"), ("ready_spread_ms", "ready spread ms", ".2f"),
     ("issue_to_done_ms", "issue->done ms", ".2f"), ("wait_ms", "waiting ms", ".2f"),
     ("transfer_ms", "transfer ms", ".2f"), ("tail_ms", "exposed tail ms", ".2f"), ("last_rank", "last rank", ".0f"),
-    ("last_pct", "last in %", ".0f"), ("source", "issued by", ""),
+    ("last_pct", "last in %", ".0f"), ("params", "holds", ""), ("source", "issued by", ""),
 ]
 GATE_TABLE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("gate", "gate", ""), ("steps_pct", "steps %", ".0f"),
@@ -276,7 +276,7 @@ def fine_grain(runs) -> dict:
             ut[key] = up
         if gr is None or gr.empty:
             continue
-        b = bk.bucket_table(ph, gr, r.world_size)
+        b = bk.bucket_table(ph, gr, r.world_size, r.meta.get("ddp_buckets"))
         if len(b):
             bt[key] = b
         if r.world_size > 1:

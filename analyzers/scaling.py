@@ -131,7 +131,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             (ev.cat == CAT["wait"])
         if keep_fine.any():
             fe = chunk.filter(pa_mask(keep_fine)).select(
-                ["rank", "step", "category", "name", "source", "t_start", "t_end", "bytes", "blocking"]).to_pandas()
+                ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "bytes",
+                 "blocking"]).to_pandas()
             fine = buckets.rank_rows(fe, steps)
         phase = None
         is_phase = ev.cat == CAT["phase"]
@@ -219,6 +220,10 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     flops = model_flops(rank_metas)
     if flops:
         meta["fwd_flops_per_sample"] = flops
+    names = next((m.get("ddp_buckets") for m in sorted(rank_metas, key=lambda r: r.get("rank", 0))
+                  if m.get("ddp_buckets")), None)
+    if names:
+        meta["ddp_buckets"] = names
     return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
                        pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
                        pd.concat(phases, ignore_index=True) if phases else pd.DataFrame(),

@@ -180,7 +180,8 @@ class Trace:
         paths = bk.critical_paths(a.fine_phases, a.fine_grads, a.world_size)
         if per_step:
             return paths
-        return bk.gate_table(paths, bk.bucket_table(a.fine_phases, a.fine_grads, a.world_size))
+        return bk.gate_table(paths, bk.bucket_table(a.fine_phases, a.fine_grads, a.world_size,
+                                                    a.meta.get("ddp_buckets")))
 
     def update_delays(self, **kw) -> pd.DataFrame:
         """Delays between weight updates per rank: distribution and what fills them."""

@@ -70,6 +70,8 @@ class Recorder:
         self.run_info: Dict[str, Any] = {}
         #: root module -> forward FLOPs of its first training batch and that batch's size
         self.model_flops: Dict[str, Dict[str, int]] = {}
+        #: DDP bucket index -> module names of its parameters (first sight of each bucket)
+        self.ddp_buckets: Dict[str, list] = {}
         self.last_comm_issue = 0
         self.timer = None
         self.capturing = 0
@@ -225,6 +227,10 @@ class Recorder:
     def note_model(self, detail: str, params: int) -> None:
         self.clock.note_model(detail, params)
 
+    def note_bucket(self, index: int, modules) -> None:
+        """The modules whose parameters DDP bucket ``index`` holds."""
+        self.ddp_buckets[str(index)] = list(modules)
+
     def note_flops(self, detail: str, flops: int, items: int, device: Optional[str] = None) -> None:
         """Forward FLOPs of one root module's first training batch (counted
         once, for FLOP/s and MFU in the report)."""
@@ -348,6 +354,7 @@ class Recorder:
                       "wall_ns_at_end": time.time_ns(), "mono_ns_at_end": now(),
                       "boot_id": _boot_id()},
             "models": dict(self.clock.models), "model_flops": dict(self.model_flops),
+            "ddp_buckets": dict(self.ddp_buckets),
             "steps": self.clock.step, "status": status,
             "python": sys.version.split()[0],
         }

@@ -48,6 +48,18 @@ def test_horovod_and_deepspeed_get_the_fine_grain(record, launch):
     assert u["delay_ms_p50"] > 0 and u["ranks"] == 2
 
 
+def test_ddp_buckets_name_their_modules(record):
+    """DDP's rebuilt buckets (from step 1) list the modules of their
+    parameters; ResNet-18's first bucket holds the last layers (fc first)."""
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "workloads", "resnet.py"),
+                        "--steps", "5", "--image-size", "32", "--batch-size", "4", "--no-val", "--loader", "synthetic"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    b = commprof.load(out).buckets()
+    assert len(b) >= 2
+    assert b.iloc[0]["params"].startswith("fc, layer4.1.bn2")
+    assert b.iloc[-1]["params"].endswith("modules)") and "conv1" in b.iloc[-1]["params"]
+
+
 def test_mlp_flops_per_sample_are_exact(record):
     """tests/workloads/tiny.py's MLP, Linear(32, 64), Linear(64, 64),
     Linear(64, 10): forward FLOPs per sample = 2 x sum(in x out)."""

@@ -96,6 +96,26 @@ class DDPInstrument(Instrument):
         rec = self.rec
         pg = ddp.process_group
         tls = rec.tls
+        seen_buckets = set()
+
+        def note_bucket(bucket):
+            """Once per bucket index: which parameters it holds (for the
+            report's bucket table), as module names in the bucket's order."""
+            seen_buckets.add(bucket.index())
+            try:
+                names = {id(p): n for n, p in ddp.module.named_parameters()}
+                mods = []
+                for p in bucket.parameters():
+                    m = names.get(id(p), "?").rsplit(".", 1)[0]
+                    if not mods or mods[-1] != m:
+                        mods.append(m)
+                rec.note_bucket(bucket.index(), mods)
+            except Exception:  # names are a nicety: never a reason to stop timing
+                pass
+
+        def new_bucket(bucket):
+            # from step 1: DDP rebuilds its buckets (in gradient-ready order) after the first backward
+            return rec.step >= 1 and len(seen_buckets) < 4096 and bucket.index() not in seen_buckets
 
         def hook_timed(state, bucket):
             if not inst.active:
@@ -103,6 +123,8 @@ class DDPInstrument(Instrument):
             try:
                 inst.check_fault()
                 t0 = now()
+                if new_bucket(bucket):
+                    note_bucket(bucket)
                 buf = bucket.buffer()
                 nbytes = tensor_bytes(buf)
                 dtype = str(buf.dtype)
