@@ -127,8 +127,9 @@ class TerminalRenderer(Renderer):
             split, more = self._pages(table, body, 3)
             for k, page in enumerate(split):
                 title = table.title if k == 0 else f"{table.title} (continued)"
-                t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title=title, title_justify="left",
-                          title_style="bold", header_style="bold")
+                # the title above the table, wrapped to the terminal (not squeezed to the table's width)
+                console.print(Text(title, style="bold"))
+                t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
                 for c in page:
                     t.add_column("\n".join(c.header), justify="right" if c.right else "left", no_wrap=True,
                                  style="cyan" if c.key else None, min_width=c.width,
