@@ -191,6 +191,8 @@ class Watchdog:
                 pass
         deadline = time.monotonic() + 3.0
         stacks: Dict[str, str] = {}
+        previous: Dict[str, int] = {}
+        stable = 0
         while time.monotonic() < deadline:
             stacks = {}
             for pid in pids:
@@ -200,7 +202,11 @@ class Watchdog:
                         text = fh.read()
                     if text:
                         stacks[os.path.basename(path)[: -len(STACKS_SUFFIX)]] = text
-            if len(stacks) >= len(pids):
+            # faulthandler writes thread by thread: done when every rank wrote and nothing grew for 0.2 s
+            sizes = {k: len(v) for k, v in stacks.items()}
+            stable = stable + 1 if sizes == previous else 0
+            previous = sizes
+            if len(stacks) >= len(pids) and stable >= 2:
                 break
             time.sleep(0.1)
         report = diagnose(read_progress(self.shard_dir) or prog)

@@ -100,7 +100,7 @@ def test_model_of_a_training_run_and_mixing_is_refused(tmp_path):
     out = str(tmp_path / "rec")
     # small buckets: DDP's all_reduces come in several sizes
     proc = run(commprof_cmd("record", "-o", out, "--nproc", "2", "--", "python", TINY, "--steps", "6",
-                            "--hidden", "256", "--layers", "3", "--bucket-mb", "0.1"), timeout=300)
+                            "--hidden", "512", "--layers", "4", "--bucket-mb", "0.5"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = run(commprof_cmd("model", out, "--format", "json"))
     assert m.returncode == 0, m.stderr
