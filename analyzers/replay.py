@@ -37,6 +37,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from .buckets import _union_ns
+
 NS = 1e9
 
 
@@ -98,7 +100,7 @@ def structure(events: pd.DataFrame, world: int, batch: Optional[float], warmup: 
     ev = ev.assign(dur=dur)
     comp = ev[ev["category"] == "compute"]
     bw = comp[comp["name"] == "backward"].groupby(key).agg(b0=("t_start", "min"), b1=("t_end", "max"))
-    fwd = _union(comp[comp["name"] == "forward"], key).rename("forward")  # nested modules: union
+    fwd = _union_ns(comp[comp["name"] == "forward"]).rename("forward")  # nested modules: union
     opt = comp[comp["name"] == "optimizer"].groupby(key)["dur"].sum().rename("optimizer")
     data = ev[ev["category"] == "data"].groupby(key)["dur"].sum().rename("data")
     s = steps.set_index(key).join([bw, fwd, opt, data], how="left")
@@ -155,30 +157,6 @@ def structure(events: pd.DataFrame, world: int, batch: Optional[float], warmup: 
                      forward=s["forward"].to_numpy() / NS, backward=(b1 - b0) / NS, post=np.maximum(post, 0) / NS,
                      optimizer=s["optimizer"].to_numpy() / NS, ready=ready / NS, sizes=sizes, ops=ops,
                      comm_measured=cm / NS, blocking=blocking_list, step=(s1 - s0) / NS, label=label)
-
-
-def _union(ev: pd.DataFrame, key: List[str]) -> pd.Series:
-    """Per key: the length of the union of [t_start, t_end] intervals."""
-    if ev.empty:
-        return pd.Series(dtype=np.float64)
-    e = ev.sort_values(key + ["t_start"])
-    start = e["t_start"].to_numpy(np.float64)
-    end = e["t_end"].to_numpy(np.float64)
-    grp = e.groupby(key).ngroup().to_numpy()
-    out = np.zeros(grp.max() + 1)
-    cur_g, cur_s, cur_e = -1, 0.0, 0.0
-    for g, a, b in zip(grp, start, end):
-        if g != cur_g or a > cur_e:
-            if cur_g >= 0:
-                out[cur_g] += cur_e - cur_s
-            if g != cur_g:
-                cur_g = g
-            cur_s, cur_e = a, b
-        else:
-            cur_e = max(cur_e, b)
-    out[cur_g] += cur_e - cur_s
-    idx = e.groupby(key).size().index
-    return pd.Series(out, index=idx)
 
 
 # -- communication models ----------------------------------------------------------
@@ -448,7 +426,6 @@ def replay(st: Structure, n: int, comm: CommModel, steps: int = 60, reps: int = 
     t_bucket = np.array([cm.time(op, s, n) for op, s in zip(st.ops, st.sizes)])
     t_block_pre = sum(cm.time(op, s, n) for op, s, where in st.blocking if where == "pre")
     t_block_post = sum(cm.time(op, s, n) for op, s, where in st.blocking if where != "pre")
-    rng = np.random.default_rng(seed)
     pre = (st.pre - st.data - st.forward) + (st.data + st.forward) * scale
     bwd, ready = st.backward * scale, st.ready * scale
     cols = ("pre", "bwd", "post", "data", "forward", "optimizer")
@@ -610,7 +587,6 @@ def validate(runs: Sequence[Tuple[str, Structure, pd.DataFrame]], steps: int = 6
         by_config.setdefault(config, []).append((st, inst))
     for config, members in by_config.items():
         members = sorted(members, key=lambda x: x[0].world)
-        sizes = [st.world for st, _ in members]
         plans = []
         for i, (st, _inst) in enumerate(members):
             if st.world < 2:  # N = 1 runs without communication (often without a framework): not a target
@@ -644,7 +620,6 @@ def validate(runs: Sequence[Tuple[str, Structure, pd.DataFrame]], steps: int = 6
                          "tput_err_pct": 100 * (tput_p - tput_m) / tput_m,
                          "comm_err_pp": r.shares["comm"] - m["comm"], "data_err_pp": r.shares["data"] - m["data"],
                          "compute_err_pp": r.shares["compute"] - m["compute"], "comm_model": comm.describe()})
-        del sizes
     t = pd.DataFrame(rows, columns=VALIDATE_COLUMNS)
     summary = {}
     if len(t):

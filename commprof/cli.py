@@ -326,7 +326,6 @@ def cmd_record(args) -> int:
 def cmd_model(args) -> int:
     import json
 
-    from . import render
     from .api import fit_model, model
     from .trace.files import atomic_write
 
@@ -478,18 +477,12 @@ def cmd_sweep(args) -> int:
         report = compare(runs).report()
         report = replace(report, tables={k: v for k, v in report.tables.items() if k in ("breakdown", "study")},
                          notes=report.notes[:1] + [f"The whole report: commprof report {plan.output}"])
-        sys.stdout.write("\n" + _renderer(args, "table").render(_select(report, _Namespace(
+        sys.stdout.write("\n" + _renderer(args, "table").render(_select(report, argparse.Namespace(
             table=None, columns=args.columns))))
     return rc
 
 
-class _Namespace:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
 def cmd_diff(args) -> int:
-    from . import render
     from .analyzers.report import diff_report
     from .api import diff
 
