@@ -22,10 +22,10 @@ applies that same window (but not the rounding), so figures are exact.
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 import pandas as pd
-
-from .intervals import segments
 
 
 def _per_value(col: pd.Series, fn) -> np.ndarray:
@@ -50,47 +50,98 @@ def _kernels(events: pd.DataFrame) -> pd.DataFrame:
     return k
 
 
-def kernel_shares(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: kernel time (ms) and % of kernel time per class."""
+def _union_ns(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [s, e) as sorted disjoint intervals (empty and
+    reversed intervals dropped)."""
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if not len(s):
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], np.maximum.accumulate(e[order])
+    new = np.r_[True, s[1:] > e[:-1]]
+    first = np.flatnonzero(new)
+    return s[first], e[np.r_[first[1:] - 1, len(s) - 1]]
+
+
+def _length(u: Tuple[np.ndarray, np.ndarray]) -> int:
+    return int((u[1] - u[0]).sum())
+
+
+def kernel_views(events: pd.DataFrame, hta_window: bool = False) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """(:func:`kernel_shares`, :func:`temporal_breakdown`) in one pass over the
+    kernel rows: per-rank sums by ``bincount``, unions by one sort per set."""
     k = _kernels(events)
     if k.empty:
-        return pd.DataFrame()
-    k["dur"] = (k["t_end"] - k["t_start"]).astype(np.float64)
-    t = k.pivot_table(index="rank", columns="cls", values="dur", aggfunc="sum", fill_value=0.0, observed=True)
-    t.columns = [str(c) for c in t.columns]
+        return pd.DataFrame(), pd.DataFrame()
+    rank = k["rank"].to_numpy(np.int64)
+    ranks, rank_i = np.unique(rank, return_inverse=True)
+    rank_i = rank_i.reshape(-1)
+    s_all, e_all = k["t_start"].to_numpy(np.int64), k["t_end"].to_numpy(np.int64)
+
+    # shares: kernel time per (rank, class); classes in pivot_table's order
+    cls = k["cls"]
+    if isinstance(cls.dtype, pd.CategoricalDtype):
+        codes = cls.cat.codes.to_numpy(np.int64)
+        names = [str(c) for c in cls.cat.categories]
+    else:
+        uniq, codes = np.unique(cls.to_numpy(object).astype(str), return_inverse=True)
+        codes, names = codes.reshape(-1).astype(np.int64), [str(u) for u in uniq]
+    ok = codes >= 0
+    nc = max(len(names), 1)
+    dur = (e_all - s_all).astype(np.float64)
+    t = np.bincount(rank_i[ok] * nc + codes[ok], weights=dur[ok], minlength=len(ranks) * nc).reshape(len(ranks), nc)
+    used = np.flatnonzero(np.bincount(codes[ok], minlength=nc) > 0)
+    t = t[:, used]
+    rows_used = np.bincount(rank_i[ok], minlength=len(ranks)) > 0
     total = t.sum(axis=1)
-    out = pd.DataFrame({"rank": t.index.astype(int), "kernel_ms": (total / 1e6).to_numpy()})
-    for cls in t.columns:
-        out[f"{cls}_pct"] = (100.0 * t[cls] / total).to_numpy()
-    return out.reset_index(drop=True)
+    shares = pd.DataFrame({"rank": ranks[rows_used].astype(int), "kernel_ms": total[rows_used] / 1e6})
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for j, c in enumerate(used.tolist()):
+            shares[f"{names[c]}_pct"] = 100.0 * t[rows_used, j] / total[rows_used]
+
+    # temporal breakdown and overlap
+    keep = np.ones(len(k), bool)
+    if hta_window:
+        st = events[_per_value(events["category"], lambda c: c == "step")]
+        if len(st):
+            last = st.groupby("rank")["step"].max()
+            lim = np.full(len(ranks), np.iinfo(np.int64).max)
+            pos = np.searchsorted(ranks, last.index.to_numpy(np.int64))
+            hit = (pos < len(ranks)) & (ranks[np.clip(pos, 0, len(ranks) - 1)] == last.index.to_numpy(np.int64))
+            lim[pos[hit]] = last.to_numpy(np.int64)[hit]
+            # a kernel's step is the ProfilerStep its launch fell in: keep
+            # those launched before the last ProfilerStep# started
+            keep = k["step"].to_numpy(np.int64) < lim[rank_i]
+    comp_all = ~(k["hta_comm"].to_numpy(bool) | k["hta_memory"].to_numpy(bool))
+    comm_all = k["hta_comm"].to_numpy(bool)
+    order = np.argsort(rank_i, kind="stable")
+    bounds = np.searchsorted(rank_i[order], np.arange(len(ranks) + 1))
+    rows = []
+    for j, r in enumerate(ranks.tolist()):
+        sel = order[bounds[j]:bounds[j + 1]]
+        sel = sel[keep[sel]]
+        if not len(sel):
+            continue
+        s, e = s_all[sel], e_all[sel]
+        comp, comm = comp_all[sel], comm_all[sel]
+        lo, hi = int(s.min()), int(e.max())
+        u_comp, u_comm = _union_ns(s[comp], e[comp]), _union_ns(s[comm], e[comm])
+        span = float(hi - lo)
+        busy = float(_length(_union_ns(s, e)))
+        compute, comm_t = float(_length(u_comp)), float(_length(u_comm))
+        both = compute + comm_t - float(_length(_union_ns(np.r_[u_comp[0], u_comm[0]], np.r_[u_comp[1], u_comm[1]])))
+        rows.append({"rank": int(r), "span_ms": span / 1e6, "idle_pct": 100 * (span - busy) / span,
+                     "compute_pct": 100 * compute / span, "non_compute_pct": 100 * (busy - compute) / span,
+                     "overlap_pct": 100 * both / comm_t if comm_t else np.nan, "kernels": len(sel)})
+    return shares.reset_index(drop=True), pd.DataFrame(rows)
+
+
+def kernel_shares(events: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: kernel time (ms) and % of kernel time per class."""
+    return kernel_views(events)[0]
 
 
 def temporal_breakdown(events: pd.DataFrame, hta_window: bool = False) -> pd.DataFrame:
     """Per rank: span, idle / compute / non-compute (% of span), overlap %."""
-    k = _kernels(events)
-    rows = []
-    last_step = {}
-    if hta_window:
-        st = events[_per_value(events["category"], lambda c: c == "step")]
-        last_step = st.groupby("rank")["step"].max().to_dict() if len(st) else {}
-    for rank, g in k.groupby("rank"):
-        if hta_window and rank in last_step:
-            # a kernel's step is the ProfilerStep its launch fell in: keep
-            # those launched before the last ProfilerStep# started
-            g = g[g["step"] < int(last_step[rank])]
-        if g.empty:
-            continue
-        s, e = g["t_start"].to_numpy(np.int64), g["t_end"].to_numpy(np.int64)
-        lo, hi = int(s.min()), int(e.max())
-        comp = ~(g["hta_comm"] | g["hta_memory"]).to_numpy()
-        comm = g["hta_comm"].to_numpy()
-        seg = segments(np.array([lo]), np.array([hi]), [(s, e), (s[comp], e[comp]), (s[comm], e[comm])])
-        span = float(hi - lo)
-        busy = float(seg.total(seg.covs[0])[0])
-        compute = float(seg.total(seg.covs[1])[0])
-        comm_t = float(seg.total(seg.covs[2])[0])
-        both = float(seg.total(seg.covs[1] & seg.covs[2])[0])
-        rows.append({"rank": int(rank), "span_ms": span / 1e6, "idle_pct": 100 * (span - busy) / span,
-                     "compute_pct": 100 * compute / span, "non_compute_pct": 100 * (busy - compute) / span,
-                     "overlap_pct": 100 * both / comm_t if comm_t else np.nan, "kernels": len(g)})
-    return pd.DataFrame(rows)
+    return kernel_views(events, hta_window)[1]

@@ -117,8 +117,9 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         kern = None
         is_kernel = ev.cat == CAT["kernel"]
         if is_kernel.any():
-            kt = chunk.filter(pa_mask(is_kernel | (ev.cat == CAT["step"]))).to_pandas()
-            kern = (kernels.kernel_shares(kt), kernels.temporal_breakdown(kt, hta_window=True))
+            kt = chunk.filter(pa_mask(is_kernel | (ev.cat == CAT["step"]))).select(
+                ["rank", "step", "category", "name", "detail", "t_start", "t_end"]).to_pandas()
+            kern = kernels.kernel_views(kt, hta_window=True)
         tele = None
         is_metric = ev.cat == CAT["metric"]
         if is_metric.any():

@@ -19,6 +19,16 @@ TRACE_FILE = "trace.parquet"
 ROW_GROUP = 1 << 20
 
 
+def _dictionary_columns():
+    """Columns written dictionary-encoded: the string columns and the few-valued
+    integers. Time stamps and byte counts are nearly unique: encoding them
+    as dictionaries first (Parquet's default for every column) costs more
+    than half of the write and makes the file larger."""
+    import pyarrow as pa
+
+    return [f.name for f in schema.TRACE_SCHEMA if pa.types.is_dictionary(f.type)] + ["rank", "step"]
+
+
 def write_trace(table, path: str, run: Dict[str, Any], rank_metas) -> None:
     """Write a trace table atomically (temporary file, then rename)."""
     import pyarrow.parquet as pq
@@ -26,7 +36,7 @@ def write_trace(table, path: str, run: Dict[str, Any], rank_metas) -> None:
     table = table.replace_schema_metadata(encode_meta(run, rank_metas))
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP,
-                       use_dictionary=True, write_statistics=True)
+                       use_dictionary=_dictionary_columns(), write_statistics=True)
 
 
 class TraceWriter:
@@ -46,7 +56,8 @@ class TraceWriter:
 
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, schema.TRACE_SCHEMA, compression="zstd",
-                                            compression_level=self._level, use_dictionary=True,
+                                            compression_level=self._level,
+                                            use_dictionary=_dictionary_columns(),
                                             write_statistics=True)
         self._writer.write_table(table.cast(schema.TRACE_SCHEMA), row_group_size=ROW_GROUP)
 
