@@ -9,7 +9,18 @@ so the DDP comm-hook wrapper and its future callback run too.
 a time (CPU time per step, ``time.process_time()``, next to wall time), so
 each hook's share of the cost is measured, not guessed.
 
+``--nproc 2`` runs the same paired blocks in a real 2-rank DDP job over gloo
+(processes started here, the short-step MLP of ``benchmarks/overhead.py``):
+every block wraps the model in a fresh DDP — plain blocks before a
+recording session starts, recorded blocks inside one, so their DDP gets
+commprof's timed comm hook and the plain ones keep DDP's C++ path. Ranks
+run the blocks in lockstep (the gradients' collectives pace them); a
+block's first steps (DDP's bucket rebuild) are left out. The drift of a
+noisy machine hits both halves of a pair alike, so the per-pair
+difference resolves tens of µs where separate runs spread ±20 %.
+
     python benchmarks/hook_cost.py [--blocks 10] [--steps 300] [--no-nvtx] [--ddp] [--per-instrument]
+    python benchmarks/hook_cost.py --nproc 2 [--blocks 16] [--steps 100] [--per-instrument]
 """
 import argparse
 import os
@@ -65,6 +76,99 @@ def paired(model, loader, opt, args, tmp, tag, disable=()):
     return plain, rec, dw, dc
 
 
+SKIP = 10  # steps at the start of a 2-rank block left out (DDP rebuilds its buckets after step 0)
+
+
+def _rank_main(rank, args, tmp, out):
+    """One rank of the 2-rank paired measurement."""
+    import json
+
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=args.nproc)
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(args.dim, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden),
+                             nn.ReLU(), nn.Linear(args.hidden, 10))
+
+    ds = TensorDataset(torch.randn(32 * 64, args.dim), torch.randint(0, 10, (32 * 64,)))
+    loader = DataLoader(ds, batch_size=32, shuffle=True, drop_last=True)
+    nets = {"plain": mlp(), "rec": mlp()}
+
+    def run(kind):
+        ddp = nn.parallel.DistributedDataParallel(nets[kind])
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        block(ddp, loader, opt, SKIP)
+        r = block(ddp, loader, opt, args.steps)
+        dist.barrier()
+        return r
+
+    from commprof.record.instruments import ALL
+
+    sets = [("all instruments", ())]
+    if args.per_instrument:
+        sets += [(f"{n} alone", tuple(o for o in ALL if o != n))
+                 for n in ("ddp", "module", "autograd", "optim", "dataloader", "collectives")]
+    run("plain")  # warm up
+    rows = []
+    for name, disable in sets:
+        pairs = []
+        for b in range(args.blocks):
+            first = b % 2  # alternate which half of the pair runs first
+            res = {}
+            for kind in (("rec", "plain") if first else ("plain", "rec")):
+                if kind == "rec":
+                    session.start(Config(out_dir=os.path.join(tmp, f"{len(rows)}-{b}-r{rank}"), run_id="bench",
+                                         nvtx=args.nvtx, disable=disable), hook_exits=False)
+                    session.current().install_for("torch")
+                    res[kind] = run(kind)
+                    session.stop()
+                else:
+                    res[kind] = run(kind)
+            pairs.append((res["plain"], res["rec"]))
+        rows.append((name, pairs))
+    gathered = [None] * args.nproc
+    dist.all_gather_object(gathered, rows)
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(gathered, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def two_ranks(args):
+    import json
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        mp.spawn(_rank_main, args=(args, tmp, out), nprocs=args.nproc, join=True)
+        ranks = json.load(open(out))
+    print(f"\n{args.nproc} ranks, DDP over gloo (MLP {args.dim}-{args.hidden}-{args.hidden}-10, batch 32), "
+          f"{args.blocks} paired blocks of {args.steps} steps (+{SKIP} left out), NVTX {'on' if args.nvtx else 'off'}; "
+          f"CPU = process_time of each rank (all its threads), cost = recorded - plain per pair\n")
+    print("| recorded with | plain step wall (µs) | wall cost/step (µs) median [IQR] | "
+          "CPU cost/step per rank (µs) median [IQR] | CPU cost / plain CPU |")
+    print("|---|---:|---:|---:|---:|")
+    for i, (name, _) in enumerate(ranks[0]):
+        dw = sorted(p[1][0] - p[0][0] for p in ranks[0][i][1])
+        dc = sorted(p[1][1] - p[0][1] for r in ranks for p in r[i][1])
+        pw = statistics.median(p[0][0] for p in ranks[0][i][1])
+        pc = statistics.median(p[0][1] for r in ranks for p in r[i][1])
+
+        def iqr(v):
+            q = statistics.quantiles(v, n=4)
+            return f"{q[0] / 1e3:+.0f} .. {q[2] / 1e3:+.0f}"
+
+        print(f"| {name} | {pw / 1e3:.0f} | {statistics.median(dw) / 1e3:+.1f} [{iqr(dw)}] | "
+              f"{statistics.median(dc) / 1e3:+.1f} [{iqr(dc)}] | {statistics.median(dc) / pc * 100:+.2f} % |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--blocks", type=int, default=10)
@@ -74,7 +178,12 @@ def main():
     p.add_argument("--ddp", action="store_true", help="wrap the model in DDP (gloo, world of one)")
     p.add_argument("--per-instrument", action="store_true",
                    help="also measure each instrument alone (the others disabled)")
+    p.add_argument("--nproc", type=int, default=1, help="2: a real 2-rank DDP job (paired blocks per rank)")
+    p.add_argument("--dim", type=int, default=512, help="--nproc 2: MLP input width")
+    p.add_argument("--hidden", type=int, default=1024, help="--nproc 2: MLP hidden width")
     args = p.parse_args()
+    if args.nproc > 1:
+        return two_ranks(args)
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     ds = TensorDataset(torch.randn(4096, 32), torch.randint(0, 10, (4096,)))

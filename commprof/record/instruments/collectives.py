@@ -142,14 +142,14 @@ class CollectivesInstrument(Instrument):
                         t1 = now()
                         try:
                             rec.nvtx.end(_rid)
-                            # torch runs then() callbacks of CUDA futures on a
+                            # torch runs done-callbacks of CUDA futures on a
                             # stream that waits for the work
                             rec.collective(op, source, fname, t0, t1, nbytes, dtype,
                                            gname, gsize, seq, step, blocking=False, dev=dev)
                         except Exception as exc:
                             inst.fail(exc)
                     try:
-                        work.get_future().then(done)
+                        work.get_future().add_done_callback(done)
                     except Exception:
                         log_once("nofuture", f"{fname}: Work has no future on this backend; "
                                  "completion time not recorded")
