@@ -21,6 +21,16 @@ difference resolves tens of µs where separate runs spread ±20 %.
 
     python benchmarks/hook_cost.py [--blocks 10] [--steps 300] [--no-nvtx] [--ddp] [--per-instrument]
     python benchmarks/hook_cost.py --nproc 2 [--blocks 16] [--steps 100] [--per-instrument]
+
+``--hook-paths`` measures DDP's gradient path itself, without commprof
+(world of one, gloo, the same MLP at ``--batch``): DDP's C++ allreduce
+(no hook: the reducer copies each gradient into its bucket already divided
+by the world size, one pass) vs torch's Python ``allreduce_hook`` (copy,
+then ``div_`` over the bucket: a second pass, plus a Python future chain)
+vs that hook with a done-callback (what commprof adds) vs with a
+``then()`` chain (what it did before). Interleaved, the order alternating.
+
+    python benchmarks/hook_cost.py --hook-paths [--blocks 20] [--steps 40] [--batch 1]
 """
 import argparse
 import os
@@ -95,8 +105,8 @@ def _rank_main(rank, args, tmp, out):
         return nn.Sequential(nn.Linear(args.dim, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden),
                              nn.ReLU(), nn.Linear(args.hidden, 10))
 
-    ds = TensorDataset(torch.randn(32 * 64, args.dim), torch.randint(0, 10, (32 * 64,)))
-    loader = DataLoader(ds, batch_size=32, shuffle=True, drop_last=True)
+    ds = TensorDataset(torch.randn(args.batch * 64, args.dim), torch.randint(0, 10, (args.batch * 64,)))
+    loader = DataLoader(ds, batch_size=args.batch, shuffle=True, drop_last=True)
     nets = {"plain": mlp(), "rec": mlp()}
 
     def run(kind):
@@ -149,7 +159,7 @@ def two_ranks(args):
         out = os.path.join(tmp, "rows.json")
         mp.spawn(_rank_main, args=(args, tmp, out), nprocs=args.nproc, join=True)
         ranks = json.load(open(out))
-    print(f"\n{args.nproc} ranks, DDP over gloo (MLP {args.dim}-{args.hidden}-{args.hidden}-10, batch 32), "
+    print(f"\n{args.nproc} ranks, DDP over gloo (MLP {args.dim}-{args.hidden}-{args.hidden}-10, batch {args.batch}), "
           f"{args.blocks} paired blocks of {args.steps} steps (+{SKIP} left out), NVTX {'on' if args.nvtx else 'off'}; "
           f"CPU = process_time of each rank (all its threads), cost = recorded - plain per pair\n")
     print("| recorded with | plain step wall (µs) | wall cost/step (µs) median [IQR] | "
@@ -169,6 +179,57 @@ def two_ranks(args):
               f"{statistics.median(dc) / 1e3:+.1f} [{iqr(dc)}] | {statistics.median(dc) / pc * 100:+.2f} % |")
 
 
+def hook_paths(args):
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    torch.set_num_threads(1)
+
+    def with_callback(state, bucket):
+        fut = allreduce_hook(state, bucket)
+        fut.add_done_callback(lambda f: None)
+        return fut
+
+    def chained(state, bucket):
+        return allreduce_hook(state, bucket).then(lambda f: f.value())
+
+    hooks = {"DDP's C++ path (no hook)": None, "torch allreduce_hook (Python)": allreduce_hook,
+             "allreduce_hook + done-callback": with_callback, "allreduce_hook + then() chain": chained}
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
+        ds = TensorDataset(torch.randn(args.batch * 64, args.dim), torch.randint(0, 10, (args.batch * 64,)))
+        loader = DataLoader(ds, batch_size=args.batch, shuffle=True, drop_last=True)
+        runs = {}
+        for name, hook in hooks.items():
+            torch.manual_seed(0)
+            ddp = nn.parallel.DistributedDataParallel(nn.Sequential(
+                nn.Linear(args.dim, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                nn.Linear(args.hidden, 10)))
+            if hook is not None:
+                ddp.register_comm_hook(None, hook)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+            block(ddp, loader, opt, 20)
+            runs[name] = (ddp, opt, [])
+        names = list(runs)
+        for b in range(args.blocks):
+            for name in (names if b % 2 == 0 else names[::-1]):
+                ddp, opt, res = runs[name]
+                res.append(block(ddp, loader, opt, args.steps))
+        dist.destroy_process_group()
+    base = runs[names[0]][2]
+    print(f"\nDDP gradient paths, world of one (gloo), MLP {args.dim}-{args.hidden}-{args.hidden}-10, batch "
+          f"{args.batch}, {args.blocks} interleaved blocks of {args.steps} steps\n")
+    print("| path | step wall (µs) | CPU/step (µs) | CPU vs C++ path, per block median [IQR] (µs) |")
+    print("|---|---:|---:|---:|")
+    for name in names:
+        res = runs[name][2]
+        d = sorted(r[1] - p[1] for r, p in zip(res, base))
+        q = statistics.quantiles(d, n=4)
+        print(f"| {name} | {statistics.median(r[0] for r in res) / 1e3:.0f} | "
+              f"{statistics.median(r[1] for r in res) / 1e3:.0f} | {statistics.median(d) / 1e3:+.0f} "
+              f"[{q[0] / 1e3:+.0f} .. {q[2] / 1e3:+.0f}] |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--blocks", type=int, default=10)
@@ -178,11 +239,19 @@ def main():
     p.add_argument("--ddp", action="store_true", help="wrap the model in DDP (gloo, world of one)")
     p.add_argument("--per-instrument", action="store_true",
                    help="also measure each instrument alone (the others disabled)")
-    p.add_argument("--nproc", type=int, default=1, help="2: a real 2-rank DDP job (paired blocks per rank)")
-    p.add_argument("--dim", type=int, default=512, help="--nproc 2: MLP input width")
-    p.add_argument("--hidden", type=int, default=1024, help="--nproc 2: MLP hidden width")
+    p.add_argument("--nproc", type=int, default=0,
+                   help="N >= 1: a real N-rank DDP job over gloo (paired blocks per rank, a fresh DDP per block)")
+    p.add_argument("--dim", type=int, default=512, help="--nproc N: MLP input width")
+    p.add_argument("--hidden", type=int, default=1024, help="--nproc N: MLP hidden width")
+    p.add_argument("--batch", type=int, default=32,
+                   help="--nproc N: batch per rank (1: the same hooks and buckets around almost no compute, "
+                        "so their cost in µs stands out of the noise)")
+    p.add_argument("--hook-paths", action="store_true",
+                   help="DDP's C++ path vs Python comm hooks, without commprof (world of one)")
     args = p.parse_args()
-    if args.nproc > 1:
+    if args.hook_paths:
+        return hook_paths(args)
+    if args.nproc >= 1:
         return two_ranks(args)
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
