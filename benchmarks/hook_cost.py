@@ -27,8 +27,8 @@ difference resolves tens of µs where separate runs spread ±20 %.
 (no hook: the reducer copies each gradient into its bucket already divided
 by the world size, one pass) vs torch's Python ``allreduce_hook`` (copy,
 then ``div_`` over the bucket: a second pass, plus a Python future chain)
-vs that hook with a done-callback (what commprof adds) vs with a
-``then()`` chain (what it did before). Interleaved, the order alternating.
+vs that hook with a done-callback vs with a ``then()`` chain (what
+commprof adds: DDP waits for it, so completions are recorded in time). Interleaved, the order alternating.
 
     python benchmarks/hook_cost.py --hook-paths [--blocks 20] [--steps 40] [--batch 1]
 """

@@ -11,7 +11,7 @@ working and is timed. Built-in C++ hooks (``_register_builtin_comm_hook``)
 cannot be timed; such models are left alone.
 
 Per bucket: issue time (hook called, i.e. the bucket became ready),
-completion time (the hook's future resolved; a done-callback on the hook's own future), S = bucket bytes, dtype,
+completion time (the hook's future resolved), S = bucket bytes, dtype,
 group, sequence number."""
 from __future__ import annotations
 
@@ -155,14 +155,17 @@ class DDPInstrument(Instrument):
                                    dtype, gname, gsize, seq, step, blocking=False, dev=dev)
                 except Exception as exc:
                     inst.fail(exc)
+                return f.value()
 
             try:
-                # a plain completion callback, not a then() chain: DDP gets the
-                # hook's own future back and never waits for a future of ours
-                fut.add_done_callback(done)
+                # a then() chain, not a done-callback: DDP waits for the chained
+                # future, so the completion is recorded before the backward
+                # returns (a done-callback may run after DDP's own one, once the
+                # backward has ended: tests/record/test_fidelity.py)
+                return fut.then(done)
             except Exception as exc:
                 inst.fail(exc)
-            return fut
+                return fut
 
         hook_timed.__qualname__ = getattr(hook, "__qualname__", "hook")
         hook_timed.__name__ = getattr(hook, "__name__", "hook")
