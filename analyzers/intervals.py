@@ -24,6 +24,24 @@ class Segments:
         return np.bincount(self.window, weights=self.length * mask, minlength=self.n_windows)
 
 
+def union(starts: np.ndarray, ends: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [s, e) as sorted, disjoint (starts, ends); empty
+    and reversed intervals dropped. One stable sort and a running maximum."""
+    keep = ends > starts
+    s, e = starts[keep], ends[keep]
+    if not len(s):
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], np.maximum.accumulate(e[order])
+    first = np.flatnonzero(np.r_[True, s[1:] > e[:-1]])
+    return s[first], e[np.r_[first[1:] - 1, len(s) - 1]]
+
+
+def union_length(u: Tuple[np.ndarray, np.ndarray]) -> int:
+    """Total length of disjoint intervals from :func:`union`."""
+    return int((u[1] - u[0]).sum())
+
+
 def segments(windows_start: np.ndarray, windows_end: np.ndarray,
              sets: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Segments:
     """Cut time into elementary segments, keep those inside a window.

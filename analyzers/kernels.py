@@ -27,6 +27,8 @@ from typing import Tuple
 import numpy as np
 import pandas as pd
 
+from .intervals import union, union_length
+
 
 def _per_value(col: pd.Series, fn) -> np.ndarray:
     """fn applied once per distinct value (categorical columns: per category),
@@ -48,24 +50,6 @@ def _kernels(events: pd.DataFrame) -> pd.DataFrame:
     k["hta_memory"] = _per_value(k["detail"], lambda d: d.startswith("Memcpy") or d.startswith("Memset"))
     k["hta_comm"] = _per_value(k["name"], lambda c: c == "nccl")
     return k
-
-
-def _union_ns(s: np.ndarray, e: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """The union of intervals [s, e) as sorted disjoint intervals (empty and
-    reversed intervals dropped)."""
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if not len(s):
-        return s, e
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], np.maximum.accumulate(e[order])
-    new = np.r_[True, s[1:] > e[:-1]]
-    first = np.flatnonzero(new)
-    return s[first], e[np.r_[first[1:] - 1, len(s) - 1]]
-
-
-def _length(u: Tuple[np.ndarray, np.ndarray]) -> int:
-    return int((u[1] - u[0]).sum())
 
 
 def kernel_views(events: pd.DataFrame, hta_window: bool = False) -> Tuple[pd.DataFrame, pd.DataFrame]:
@@ -126,11 +110,11 @@ def kernel_views(events: pd.DataFrame, hta_window: bool = False) -> Tuple[pd.Dat
         s, e = s_all[sel], e_all[sel]
         comp, comm = comp_all[sel], comm_all[sel]
         lo, hi = int(s.min()), int(e.max())
-        u_comp, u_comm = _union_ns(s[comp], e[comp]), _union_ns(s[comm], e[comm])
+        u_comp, u_comm = union(s[comp], e[comp]), union(s[comm], e[comm])
         span = float(hi - lo)
-        busy = float(_length(_union_ns(s, e)))
-        compute, comm_t = float(_length(u_comp)), float(_length(u_comm))
-        both = compute + comm_t - float(_length(_union_ns(np.r_[u_comp[0], u_comm[0]], np.r_[u_comp[1], u_comm[1]])))
+        busy = float(union_length(union(s, e)))
+        compute, comm_t = float(union_length(u_comp)), float(union_length(u_comm))
+        both = compute + comm_t - float(union_length(union(np.r_[u_comp[0], u_comm[0]], np.r_[u_comp[1], u_comm[1]])))
         rows.append({"rank": int(r), "span_ms": span / 1e6, "idle_pct": 100 * (span - busy) / span,
                      "compute_pct": 100 * compute / span, "non_compute_pct": 100 * (busy - compute) / span,
                      "overlap_pct": 100 * both / comm_t if comm_t else np.nan, "kernels": len(sel)})

@@ -271,7 +271,6 @@ def convert_doc(doc: Doc, path: str, rank: Optional[int] = None):
         rest, o = divmod(k, len(op_u) + 1)
         n_i, c_i = divmod(rest, len(cat_u))
         cls_u.append(_slow.classify(name_u[n_i], cat_u[c_i], op_u[o - 1] if o else None))
-    cls_u_a = np.asarray(cls_u, object)
     cls_code = combo_inv.reshape(-1).astype(np.int64)
     kbytes = [None if a is None or a.nbytes is None else _int(a.nbytes) for a in kargs]
 
