@@ -7,7 +7,8 @@ collective, dtype, group size and scope (intra-node / inter-node) with
 group and sequence number) the time is the slowest rank's issue-to-
 completion latency (device times where measured): a collective is as slow
 as its slowest rank, as nccl-tests time it. Points are the median time per
-distinct message size. Blocking calls are used when there are at least two
+distinct message size (a benchmark trace's out-of-place calls where a size
+has them, as ``commprof bench --model`` fits). Blocking calls are used when there are at least two
 sizes of them; otherwise asynchronous calls too (DDP buckets: their
 latency includes time queued behind earlier buckets, so beta is a lower
 bound — said in the model's ``note``).
@@ -85,6 +86,10 @@ def fit_trace(comm: pd.DataFrame, hosts: Optional[Dict[int, str]] = None) -> Dic
         kind = "blocking"
         if use["bytes"].nunique() < 2:
             use, kind = g, "all (asynchronous calls included: their latency includes queueing, beta is a lower bound)"
+        # a bench trace times each size out-of-place and in-place: as its --model, out-of-place where timed
+        oop = use["detail"] == "out_of_place"
+        if oop.any():
+            use = use[oop | ~oop.groupby(use["bytes"]).transform("any")]
         per_size = use.groupby("bytes")["time_s"].median()
         if len(per_size) < 2:
             notes.append(f"{op} ({dtype}, {int(n)} ranks, {sc}): one message size only "

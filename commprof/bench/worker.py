@@ -6,9 +6,10 @@ untimed iterations, then ``--iters`` timed ones back to back (CUDA events
 on GPU, the host clock on CPU), out-of-place and in-place where
 torch.distributed has the variant; the time of one call is the mean over
 the timed iterations, the maximum over ranks (a collective is as slow as
-its slowest rank); on CPU each iteration is also timed alone and the
-median kept (``median_us``: what the alpha-beta model fits, robust to the
-scheduling outliers of a busy host). Then one more call on fresh inputs whose result is
+its slowest rank); on CPU each iteration is also timed alone, its slowest
+rank taken, and the median over iterations kept (``median_us``: what the
+alpha-beta model fits, robust to the scheduling outliers of a busy host,
+and the same statistic ``commprof model`` takes from a bench trace). Then one more call on fresh inputs whose result is
 checked element by element: ``#wrong`` counts the elements that differ,
 summed over ranks, as nccl-tests counts them.
 
@@ -20,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -49,15 +51,19 @@ class Case:
 
     def __init__(self, torch, dist, op, nbytes, dtype, device, rank, world, in_place):
         self.t, self.d, self.op = torch, dist, op
-        elt = torch.empty((), dtype=dtype).element_size()
         self.world, self.rank, self.dtype, self.device = world, rank, dtype, device
+        self.count, self.nbytes = Case.size(torch, op, nbytes, dtype, world)
+        self.in_place = in_place
+        self.reset()
+
+    @staticmethod
+    def size(torch, op, nbytes, dtype, world):
+        """(count, bytes) of a message of about ``nbytes``."""
+        elt = torch.empty((), dtype=dtype).element_size()
         count = max(1, nbytes // elt)
         if op in ("reduce_scatter", "all_gather", "all_to_all"):
             count = max(world, count // world * world)  # the full array, a multiple of n
-        self.count = count
-        self.nbytes = count * elt
-        self.in_place = in_place
-        self.reset()
+        return count, count * elt
 
     def reset(self):
         torch, n, w, r = self.t, self.count, self.world, self.rank
@@ -293,8 +299,11 @@ def main(argv=None) -> int:
                 spans.append((t0, t1))
                 each.append((t1 - t0) / 1e9)
             sec = sum(each) / iters
-            med = sorted(each)[iters // 2]
             note(case, mode, spans)
+            # per call the slowest rank (the same statistic `commprof model` takes from the trace)
+            t = torch.tensor([sec] + each, dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t[0].item()), statistics.median(t[1:].tolist())
         t = torch.tensor([sec, med], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t[0].item()), float(t[1].item())
@@ -316,6 +325,9 @@ def main(argv=None) -> int:
             for nbytes in sizes(args.min_bytes, max_bytes):
                 row = {"op": op, "dtype": DTYPES.get(dname, dname), "redop": "sum" if op in ("all_reduce",
                        "reduce_scatter") else "none", "root": 0 if op == "broadcast" else -1, "ranks": world}
+                if results and results[-1]["op"] == op and results[-1]["dtype"] == row["dtype"] \
+                        and results[-1]["bytes"] == Case.size(torch, op, nbytes, dtype, world)[1]:
+                    continue  # small sizes rounded up to the same count: not timed twice
                 for mode in ("out_of_place", "in_place"):
                     case = Case(torch, dist, op, nbytes, dtype, device, rank, world, mode == "in_place")
                     row["bytes"], row["count"] = case.nbytes, case.count
@@ -327,9 +339,6 @@ def main(argv=None) -> int:
                         case.run()
                     sec, med = timed(case, args.iters, mode)
                     row[mode] = {"time_us": sec * 1e6, "median_us": med * 1e6, "wrong": checked(case)}
-                if results and results[-1]["op"] == op and results[-1]["bytes"] == row["bytes"] \
-                        and results[-1]["dtype"] == row["dtype"]:
-                    continue  # small sizes rounded up to the same count
                 results.append(row)
     overlap = _overlap(torch, dist, device, rank, world, args, max_bytes) if args.overlap else []
     pipeline = _pipeline(torch, dist, device, rank, world, args, max_bytes) if args.pipeline else []
