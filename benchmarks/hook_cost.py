@@ -12,8 +12,9 @@ each hook's share of the cost is measured, not guessed.
 ``--nproc 2`` runs the same paired blocks in a real 2-rank DDP job over gloo
 (processes started here, the short-step MLP of ``benchmarks/overhead.py``):
 every block wraps the model in a fresh DDP — plain blocks before a
-recording session starts, recorded blocks inside one, so their DDP gets
-commprof's timed comm hook and the plain ones keep DDP's C++ path. Ranks
+recording session starts, recorded blocks inside one (their DDP timed
+through the process group's hooks — DDP's C++ path — or, with
+``--ddp-timing comm-hook``, through commprof's timed comm hook). Ranks
 run the blocks in lockstep (the gradients' collectives pace them); a
 block's first steps (DDP's bucket rebuild) are left out. The drift of a
 noisy machine hits both halves of a pair alike, so the per-pair
@@ -119,13 +120,14 @@ def _rank_main(rank, args, tmp, out):
 
     from commprof.record.instruments import ALL
 
-    sets = [("all instruments", ())]
+    sets = [("all instruments", (), "auto"), ("all instruments, --ddp-timing comm-hook", (), "comm-hook")]
     if args.per_instrument:
-        sets += [(f"{n} alone", tuple(o for o in ALL if o != n))
+        sets += [("ddp alone, --ddp-timing comm-hook", tuple(o for o in ALL if o != "ddp"), "comm-hook")]
+        sets += [(f"{n} alone", tuple(o for o in ALL if o != n), "auto")
                  for n in ("ddp", "module", "autograd", "optim", "dataloader", "collectives")]
     run("plain")  # warm up
     rows = []
-    for name, disable in sets:
+    for name, disable, ddp_timing in sets:
         pairs = []
         for b in range(args.blocks):
             first = b % 2  # alternate which half of the pair runs first
@@ -133,7 +135,8 @@ def _rank_main(rank, args, tmp, out):
             for kind in (("rec", "plain") if first else ("plain", "rec")):
                 if kind == "rec":
                     session.start(Config(out_dir=os.path.join(tmp, f"{len(rows)}-{b}-r{rank}"), run_id="bench",
-                                         nvtx=args.nvtx, disable=disable), hook_exits=False)
+                                         nvtx=args.nvtx, disable=disable, ddp_timing=ddp_timing),
+                                  hook_exits=False)
                     session.current().install_for("torch")
                     res[kind] = run(kind)
                     session.stop()
@@ -210,11 +213,41 @@ def hook_paths(args):
             opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
             block(ddp, loader, opt, 20)
             runs[name] = (ddp, opt, [])
+        # DDP's C++ path again, its collectives seen by process-group pre/post hooks (torch >= 2.10;
+        # what commprof uses when no comm hook is registered): registered around that block only
+        pg = dist.group.WORLD
+        pg_hooks = hasattr(pg, "register_pre_hook")
+        if pg_hooks:
+            torch.manual_seed(0)
+            ddp = nn.parallel.DistributedDataParallel(nn.Sequential(
+                nn.Linear(args.dim, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                nn.Linear(args.hidden, 10)))
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+            block(ddp, loader, opt, 20)
+            runs["C++ path + process-group hooks"] = (ddp, opt, [])
+        seen = []
+        _ALLREDUCE = torch._C._distributed_c10d.HookOpName.ALLREDUCE if pg_hooks else None
+
+        def pre(a):
+            if a.name == _ALLREDUCE:
+                t = a.input_tensors[0]
+                seen.append((time.monotonic_ns(), t.numel() * t.element_size(), t.dtype))
+
+        def post(a):
+            a.work.get_future().add_done_callback(lambda f: seen.append(time.monotonic_ns()))
+
         names = list(runs)
         for b in range(args.blocks):
             for name in (names if b % 2 == 0 else names[::-1]):
                 ddp, opt, res = runs[name]
+                if name == "C++ path + process-group hooks":
+                    pg.register_pre_hook(7, pre)
+                    pg.register_post_hook(7, post)
                 res.append(block(ddp, loader, opt, args.steps))
+                if name == "C++ path + process-group hooks":
+                    pg.unregister_pre_hook(7)
+                    pg.unregister_post_hook(7)
+                    seen.clear()
         dist.destroy_process_group()
     base = runs[names[0]][2]
     print(f"\nDDP gradient paths, world of one (gloo), MLP {args.dim}-{args.hidden}-{args.hidden}-10, batch "

@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "transfers) into the trace")
     r.add_argument("--telemetry-interval", type=float, default=1.0, metavar="S",
                    help="seconds between GPU telemetry samples (default 1)")
+    r.add_argument("--ddp-timing", choices=("auto", "comm-hook"), default="auto",
+                   help="how DDP's gradient buckets are timed: auto (process-group hooks, DDP keeps its C++ "
+                        "path; a timed comm hook where torch has none) or comm-hook (always torch's "
+                        "allreduce_hook, timed)")
     r.add_argument("--no-device-timing", action="store_true",
                    help="do not time regions with CUDA events")
     r.add_argument("--nodes", type=int, default=None, metavar="N",
@@ -319,7 +323,7 @@ def cmd_record(args) -> int:
                 kernels=args.kernels, telemetry=args.telemetry, device_timing=not args.no_device_timing,
                 telemetry_interval=args.telemetry_interval, horovod_timeline=args.horovod_timeline,
                 simulate_device_lag_ms=args.simulate_device_lag_ms, nodes=args.nodes, run_id=args.run_id,
-                hang_timeout=args.hang_timeout, hang_kill=args.hang_kill)
+                hang_timeout=args.hang_timeout, hang_kill=args.hang_kill, ddp_timing=args.ddp_timing)
     return exit_like(rc)
 
 

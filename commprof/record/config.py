@@ -49,6 +49,10 @@ class Config:
     telemetry: str = "auto"
     #: Seconds between telemetry samples.
     telemetry_interval: float = 1.0
+    #: How DDP's gradient buckets are timed: "auto" (the process group's pre/post
+    #: hooks where torch has them and no Python comm hook is registered: DDP keeps
+    #: its C++ path; else a timed comm hook), "comm-hook" (always the timed hook).
+    ddp_timing: str = "auto"
     #: Keep a small progress file per rank (last and in-flight collective),
     #: rewritten at each flush, for ``--hang-timeout``.
     progress: bool = False

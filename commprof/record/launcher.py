@@ -144,7 +144,7 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
            kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
            telemetry_interval: float = 1.0, horovod_timeline: bool = False,
            simulate_device_lag_ms: float = 0.0, nodes: Optional[int] = None, run_id: Optional[str] = None,
-           hang_timeout: float = 0.0, hang_kill: bool = False) -> int:
+           hang_timeout: float = 0.0, hang_kill: bool = False, ddp_timing: str = "auto") -> int:
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
@@ -166,6 +166,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
         raise UsageError("--nodes must be at least 1")
     if hang_timeout < 0:
         raise UsageError("--hang-timeout must be >= 0 seconds")
+    if ddp_timing not in ("auto", "comm-hook"):
+        raise UsageError("--ddp-timing must be auto or comm-hook")
     out_dir = os.path.abspath(out_dir)
     expected = shared.expected_participants(cmd, dict(os.environ), nodes)
     run_id = run_id or shared.job_id(cmd, dict(os.environ)) or uuid.uuid4().hex[:12]
@@ -186,7 +188,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
                     disable=tuple(disable), verbose=verbose, fault_inject=tuple(fault_inject),
                     labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
                     device_timing=device_timing, telemetry_interval=telemetry_interval,
-                    simulate_device_lag_ms=simulate_device_lag_ms, progress=hang_timeout > 0)
+                    simulate_device_lag_ms=simulate_device_lag_ms, progress=hang_timeout > 0,
+                    ddp_timing=ddp_timing)
     boot_dir = os.path.join(out_dir, f"{BOOTSTRAP_DIR}.{socket.gethostname()}.{os.getpid()}")
     bootstrap.write_bootstrap(boot_dir, config)
     shard_dir = os.path.join(out_dir, "shards")

@@ -73,6 +73,7 @@ class Recorder:
         #: DDP bucket index -> module names of its parameters (first sight of each bucket)
         self.ddp_buckets: Dict[str, list] = {}
         self.last_comm_issue = 0
+        self.last_backward_end = 0
         self.timer = None
         self.capturing = 0
         self.telemetry = None
@@ -195,6 +196,10 @@ class Recorder:
     def backward_begins(self) -> None:
         """A backward pass starts: no collective issued in it yet."""
         self.last_comm_issue = 0
+
+    def backward_ends(self, t1: int) -> None:
+        """A backward pass returned at ``t1`` (DDP has waited for every bucket by then)."""
+        self.last_backward_end = t1
 
     def comm_issued(self, t0: int) -> None:
         """A collective was issued at ``t0`` (the backward split point)."""

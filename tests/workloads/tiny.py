@@ -72,6 +72,8 @@ def train(rank, world, args):
                 return allreduce_hook(state, bucket)
 
             model.register_comm_hook(dist.group.WORLD, my_hook)
+        elif args.builtin_hook:
+            model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     ds = Sleepy(args.batch * args.steps * max(world, 1), args.dim, args.sleep, seed=1)
@@ -112,6 +114,13 @@ def train(rank, world, args):
               "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
               "state_bytes": sum(t.numel() * t.element_size()
                                  for t in list(model.parameters()) + list(model.buffers()))}
+    if distributed:
+        # the comm hook DDP ran with ("" = its built-in C++ path)
+        report["comm_hook"] = str(model._get_ddp_logging_data().get("comm_hook", ""))
+        import hashlib
+
+        flat_params = torch.cat([p.detach().flatten() for p in model.parameters()])
+        report["params_sha256"] = hashlib.sha256(flat_params.numpy().tobytes()).hexdigest()
     if args.result_dir:
         with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(report, fh)
@@ -140,6 +149,7 @@ def main():
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--bucket-mb", type=float, default=25)
     p.add_argument("--user-hook", action="store_true")
+    p.add_argument("--builtin-hook", action="store_true", help="DDP's built-in C++ ALLREDUCE comm hook")
     p.add_argument("--spawn", type=int, default=0, help="use mp.spawn with N processes")
     p.add_argument("--init-method", default=None)
     p.add_argument("--exit-code", type=int, default=0)

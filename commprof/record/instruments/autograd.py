@@ -48,6 +48,7 @@ class AutogradInstrument(Instrument):
                 inst._depth = 0
                 try:
                     rec.nvtx.pop()
+                    rec.backward_ends(t1)
                     last = rec.last_comm_issue
                     if t0 < last < t1:
                         # device times (CUDA) of the split backward cover the whole call

@@ -2,20 +2,36 @@
 Reducer issues.
 
 The Reducer calls the process group from C++, so Python patches of
-``dist.all_reduce`` never see it. DDP's comm-hook API does: at a DDP
-module's first forward, if the user registered no hook, commprof registers
-torch's own ``allreduce_hook`` (divide by world size, allreduce SUM — the
-same arithmetic as the built-in reducer path) wrapped in a timer. A hook the
-user registers (before or after) is wrapped the same way, so it keeps
-working and is timed. Built-in C++ hooks (``_register_builtin_comm_hook``)
-cannot be timed; such models are left alone.
+``dist.all_reduce`` never see it. Two timing points, chosen at a DDP
+module's first forward:
 
-Per bucket: issue time (hook called, i.e. the bucket became ready),
-completion time (the hook's future resolved), S = bucket bytes, dtype,
-group, sequence number."""
+* **Process-group hooks** (``--ddp-timing auto``, where torch has
+  ``ProcessGroup.register_pre_hook``: torch >= 2.10). DDP keeps its own C++
+  path (gradients divided while copied into the bucket, one pass; built-in
+  C++ comm hooks too); a pre-hook on the DDP's process group takes the
+  issue time, bytes and dtype of every all_reduce issued there from outside
+  Python's torch.distributed API (those are timed by the ``collectives``
+  instrument, which marks its calls), and a callback on the work's future
+  the completion. No Python comm hook: about 0.1 ms CPU per step less than
+  the hook below on the short-step workload (``benchmarks/hook_cost.py``).
+  Bucket names come from DDP's own logging data once its buckets are
+  rebuilt (step 1).
+* **A timed comm hook** (fallback, ``--ddp-timing comm-hook``, or where a
+  Python comm hook is registered): if the user registered none, commprof
+  registers torch's own ``allreduce_hook`` (divide by world size, allreduce
+  SUM) wrapped in a timer. A hook the user registers (before or after) is
+  wrapped the same way, so it keeps working and is timed; the process-group
+  hooks of its group then stand aside (the hook's own collectives would be
+  counted twice). Built-in C++ hooks cannot be wrapped: on this path such
+  models are left alone.
+
+Per bucket: issue time (the bucket became ready), completion time (the
+work's / hook's future resolved), S = bucket bytes, dtype, group, sequence
+number."""
 from __future__ import annotations
 
 import functools
+import weakref
 
 from .base import Instrument, tensor_bytes
 from ..recorder import now
@@ -31,6 +47,8 @@ class DDPInstrument(Instrument):
 
         self._dist = dist
         self._register = DDP.register_comm_hook  # original, used for the default hook
+        self._pg_hooked = {}      # id(process group) -> _GroupHooks
+        self._python_hooked = set()  # id(process group) of DDPs with a Python comm hook
         self.patch(DDP, "__init__", self._wrap_init)
         self.patch(DDP, "register_comm_hook", self._wrap_register)
         self.patch(DDP, "_register_builtin_comm_hook", self._wrap_builtin)
@@ -59,7 +77,19 @@ class DDPInstrument(Instrument):
         return __init__
 
     def _ensure_default_hook(self, ddp) -> None:
-        if not self.active or ddp._comm_hooks or getattr(ddp, "_commprof_builtin", False):
+        if not self.active:
+            return
+        if ddp._comm_hooks:
+            self._python_hooked.add(id(ddp.process_group))
+            return
+        try:
+            if self.rec.config.ddp_timing != "comm-hook" and hasattr(ddp.process_group, "register_pre_hook"):
+                self._group_hooks(ddp)
+                return
+        except Exception as exc:
+            self.fail(exc)
+            return
+        if getattr(ddp, "_commprof_builtin", False):
             return
         try:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -76,6 +106,7 @@ class DDPInstrument(Instrument):
         def register_comm_hook(ddp, state, hook):
             if inst.active and not getattr(hook, "__commprof__", None):
                 try:
+                    inst._python_hooked.add(id(ddp.process_group))
                     hook = inst.timed_hook(ddp, hook, getattr(hook, "__qualname__", repr(hook)))
                 except Exception as exc:
                     inst.fail(exc)
@@ -90,6 +121,27 @@ class DDPInstrument(Instrument):
             return original(ddp, comm_hook_type)
 
         return _register_builtin_comm_hook
+
+    def _group_hooks(self, ddp) -> None:
+        pg = ddp.process_group
+        hooks = self._pg_hooked.get(id(pg))
+        if hooks is None or hooks.pg() is not pg:
+            hooks = self._pg_hooked[id(pg)] = _GroupHooks(self, pg)
+            self.handle(hooks)
+        # bucket names: read after a forward (DDP rebuilds its buckets in step 1's),
+        # never from the process-group hooks (the Reducer holds its lock there)
+        holder = {"tries": 0}
+
+        def after_forward(module, args, output):
+            holder["tries"] += 1
+            try:
+                if _note_buckets(self.rec, module) or holder["tries"] >= 16:  # never rebuilt: no names
+                    holder["h"].remove()
+            except Exception:  # names are a nicety: never a reason to stop timing
+                holder["h"].remove()
+
+        holder["h"] = ddp.register_forward_hook(after_forward)
+        self.handle(holder["h"])
 
     def timed_hook(self, ddp, hook, hook_name):
         inst = self
@@ -171,3 +223,100 @@ class DDPInstrument(Instrument):
         hook_timed.__name__ = getattr(hook, "__name__", "hook")
         hook_timed.__commprof__ = self.name
         return hook_timed
+
+
+#: the id under which commprof's pre/post hooks are registered on a process group
+HOOK_ID = 0x636F6D6D  # "comm"
+
+
+class _GroupHooks:
+    """Pre/post hooks on one DDP process group (see the module docstring);
+    ``remove()`` unregisters them."""
+
+    def __init__(self, inst: DDPInstrument, pg) -> None:
+        import torch
+
+        self.pg = weakref.ref(pg)
+        allreduce = torch._C._distributed_c10d.HookOpName.ALLREDUCE
+        rec, dist, tls = inst.rec, inst._dist, inst.rec.tls
+        python_hooked, pg_id = inst._python_hooked, id(pg)
+        pending = {}  # op_id -> the issue's fields, until the post-hook has the work
+
+        def pre(args):
+            if not inst.active or getattr(tls, "depth", 0) or args.name != allreduce or pg_id in python_hooked:
+                return
+            try:
+                inst.check_fault()
+                t0 = now()
+                tensors = args.input_tensors
+                nbytes = sum(tensor_bytes(t) for t in tensors)
+                gname, gsize = rec.groups(dist, pg_ref())
+                seq = rec.next_seq(gname)
+                rec.comm_issued(t0)
+                if rec.track:
+                    rec.comm_started(gname, seq, "all_reduce", nbytes, t0)
+                pending[args.op_id] = (t0, nbytes, str(tensors[0].dtype) if tensors else None, gname, gsize,
+                                       seq, rec.step, rec.nvtx.start("all_reduce"), rec.dev_begin())
+            except Exception as exc:
+                inst.fail(exc)
+
+        def post(args):
+            issue = pending.pop(args.op_id, None)
+            if issue is None:
+                return
+            t0, nbytes, dtype, gname, gsize, seq, step, rid, dev = issue
+
+            def done(_fut):
+                t1 = now()
+                # the Reducer waits on this future directly, and a future wakes
+                # its waiters before it runs callbacks: this one may get the GIL
+                # only after the backward has returned. DDP's backward waits for
+                # every bucket, so its end bounds the completion.
+                end = rec.last_backward_end
+                if t0 < end < t1:
+                    t1 = end
+                try:
+                    rec.nvtx.end(rid)
+                    # CUDA futures run this on a stream that waits for the
+                    # collective: the end event is its device completion
+                    rec.collective("all_reduce", "ddp_reducer", "reducer", t0, t1, nbytes, dtype, gname, gsize,
+                                   seq, step, blocking=False, dev=dev)
+                except Exception as exc:
+                    inst.fail(exc)
+
+            try:
+                # registered from inside the issuing call, before the Reducer
+                # chains its own callback: it runs first, in time
+                args.work.get_future().add_done_callback(done)
+            except Exception as exc:
+                inst.fail(exc)
+
+        pg_ref = self.pg
+        pg.register_pre_hook(HOOK_ID, pre)
+        pg.register_post_hook(HOOK_ID, post)
+
+    def remove(self) -> None:
+        pg = self.pg()
+        if pg is not None:
+            pg.unregister_pre_hook(HOOK_ID)
+            pg.unregister_post_hook(HOOK_ID)
+
+
+def _note_buckets(rec, ddp) -> bool:
+    """Once DDP has rebuilt its buckets: the modules of each bucket's
+    parameters, in the bucket's order, from DDP's logging data. False while
+    the buckets are not rebuilt yet."""
+    data = ddp._get_ddp_logging_data()
+    if not data.get("has_rebuilt_buckets"):
+        return False
+    params = list(ddp._module_parameters)
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+    for index, part in enumerate(str(data.get("rebuilt_per_bucket_param_indices", "")).split(",")):
+        mods = []
+        for i in part.split():
+            m = names.get(id(params[int(i)]), "?").rsplit(".", 1)[0]
+            if not mods or mods[-1] != m:
+                mods.append(m)
+        if mods:
+            rec.note_bucket(index, mods)
+    return True
