@@ -4,6 +4,7 @@ import sys
 import numpy as np
 import pytest
 
+from commprof import assemble
 from commprof.api import analyze
 from conftest import TINY
 
@@ -56,6 +57,27 @@ def test_losses_bit_identical_and_exit_code_preserved(record, tmp_path):
     assert proc.returncode == plain.returncode
     for r in (0, 1):
         assert proc.results[r]["losses"] == plain_res[r]["losses"]  # bit-identical floats
+
+
+def test_three_ranks_train_bit_identically_on_both_ddp_paths(record, tmp_path):
+    """At 3 ranks (1/3 is inexact) the trained parameters stay bit-identical
+    on both DDP timing paths: process-group hooks (DDP's own C++ path, no
+    comm hook) and the timed comm hook with the Reducer's arithmetic (torch's
+    allreduce_hook, which divides, changed the last bits here)."""
+    cmd = ["torchrun", "--standalone", "--nproc_per_node=3", TINY, "--result-dir", "{res}", "--steps", "6"]
+    plain, plain_res = _plain(cmd, tmp_path, "plain")
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    for timing, hook in (("auto", ""), ("comm-hook", "allreduce_like_the_reducer")):
+        proc, out = record(cmd, "--ddp-timing", timing)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        for r in range(3):
+            assert proc.results[r]["params_sha256"] == plain_res[r]["params_sha256"], (timing, r)
+            assert proc.results[r]["losses"] == plain_res[r]["losses"], (timing, r)
+            assert proc.results[r]["comm_hook"].endswith(hook) and bool(hook) == bool(proc.results[r]["comm_hook"])
+        run = assemble.load(out).table.to_pandas()
+        b = run[run["source"] == "ddp_reducer"]
+        assert set(b["detail"]) == {"reducer" if timing == "auto" else "default"}
+        assert (b.groupby("rank")["step"].nunique() == 6).all()
 
 
 def test_failing_instruments_disable_themselves(record, tmp_path):

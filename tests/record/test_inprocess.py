@@ -134,6 +134,36 @@ def test_ddp_world_of_one_in_process(recording, tmp_path):
     assert list(py["seq"]) == [0, 4, 5, 6, 7, 8, 9]
 
 
+def test_ddp_group_hooks_are_removed_with_the_session(recording, tmp_path):
+    """DDP timed through its process group's pre/post hooks (no comm hook:
+    DDP keeps its C++ path); stopping the session unregisters them."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        import gc
+        import weakref
+
+        model = nn.parallel.DistributedDataParallel(nn.Linear(8, 2))
+        _train(model)
+        assert not model._comm_hooks and model._get_ddp_logging_data().get("comm_hook", "") == ""
+        (hooks,) = recording.instruments["ddp"]._pg_hooked.values()
+        assert hooks.pg() is dist.group.WORLD
+        alive = weakref.ref(hooks)
+        del hooks
+        gc.collect()
+        assert alive() is not None           # held by the process group's hook table
+        session.stop()
+        gc.collect()
+        assert alive() is None               # unregistered: nothing holds the hooks any more
+        _train(model)  # still trains
+    finally:
+        dist.destroy_process_group()
+    ev = assemble.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    ddp = ev[ev["source"] == "ddp_reducer"]
+    assert len(ddp) == 3 and set(ddp["detail"]) == {"reducer"} and set(ddp["dtype"]) == {"torch.float32"}
+    assert (ddp["t_end"] >= ddp["t_start"]).all()
+
+
 def test_fork_child_does_not_write(recording, tmp_path):
     _train(nn.Linear(8, 2), steps=1)
     pid = os.fork()

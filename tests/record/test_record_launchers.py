@@ -107,6 +107,17 @@ def test_user_comm_hook_keeps_working_and_is_timed(record):
     assert set(buckets["detail"]) == {"train.<locals>.my_hook"}
 
 
+def test_builtin_comm_hook_is_timed(record):
+    """DDP's built-in C++ ALLREDUCE hook cannot be wrapped, but its
+    collectives reach the process group's hooks: timed like the default path."""
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                        "--steps", str(STEPS), "--builtin-hook"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.results[0]["comm_hook"] == "BuiltinCommHookType.ALLREDUCE", proc.results[0]["comm_hook"]
+    run, ev = _check_ddp(out, proc.results, 2)
+    assert set(ev[ev["source"] == "ddp_reducer"]["detail"]) == {"reducer"}
+
+
 def test_small_buckets_give_several_allreduces_per_step(record):
     proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}", "--steps", str(STEPS),
                         "--hidden", "256", "--layers", "3", "--bucket-mb", "0.1"])

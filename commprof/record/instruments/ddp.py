@@ -18,8 +18,9 @@ module's first forward:
   rebuilt (step 1).
 * **A timed comm hook** (fallback, ``--ddp-timing comm-hook``, or where a
   Python comm hook is registered): if the user registered none, commprof
-  registers torch's own ``allreduce_hook`` (divide by world size, allreduce
-  SUM) wrapped in a timer. A hook the user registers (before or after) is
+  registers a hook with the Reducer's own arithmetic (each gradient times
+  1 / world size, then allreduce SUM; torch's ``allreduce_hook`` divides,
+  which changes the last bit at 3 ranks) wrapped in a timer. A hook the user registers (before or after) is
   wrapped the same way, so it keeps working and is timed; the process-group
   hooks of its group then stand aside (the hook's own collectives would be
   counted twice). Built-in C++ hooks cannot be wrapped: on this path such
@@ -92,12 +93,26 @@ class DDPInstrument(Instrument):
         if getattr(ddp, "_commprof_builtin", False):
             return
         try:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-            timed = self.timed_hook(ddp, allreduce_hook, "default")
+            timed = self.timed_hook(ddp, self._reducer_arithmetic_hook(), "default")
             self._register(ddp, ddp.process_group, timed)
         except Exception as exc:
             self.fail(exc)
+
+    def _reducer_arithmetic_hook(self):
+        """A comm hook with the C++ Reducer's arithmetic: each gradient times
+        (1 / world size) in the tensor's dtype, then allreduce SUM. torch's
+        ``allreduce_hook`` divides instead (``div_``), which differs in the
+        last bit when the world size is not a power of two: the training's
+        results would change."""
+        dist = self._dist
+
+        def allreduce_like_the_reducer(process_group, bucket):
+            group = process_group if process_group is not None else dist.group.WORLD
+            buf = bucket.buffer()
+            buf.mul_(1.0 / group.size())
+            return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+        return allreduce_like_the_reducer
 
     def _wrap_register(self, original):
         inst = self
@@ -121,6 +136,10 @@ class DDPInstrument(Instrument):
             return original(ddp, comm_hook_type)
 
         return _register_builtin_comm_hook
+
+    def _uninstall(self) -> None:
+        self._pg_hooked = {}
+        self._python_hooked = set()
 
     def _group_hooks(self, ddp) -> None:
         pg = ddp.process_group
@@ -240,7 +259,10 @@ class _GroupHooks:
         allreduce = torch._C._distributed_c10d.HookOpName.ALLREDUCE
         rec, dist, tls = inst.rec, inst._dist, inst.rec.tls
         python_hooked, pg_id = inst._python_hooked, id(pg)
-        pending = {}  # op_id -> the issue's fields, until the post-hook has the work
+        # op_id -> the issue's fields, until the post-hook has the work (held by
+        # the hooks through self: a test sees this object freed once unregistered)
+        self.pending = pending = {}
+        hooks = self
 
         def pre(args):
             if not inst.active or getattr(tls, "depth", 0) or args.name != allreduce or pg_id in python_hooked:
@@ -261,7 +283,7 @@ class _GroupHooks:
                 inst.fail(exc)
 
         def post(args):
-            issue = pending.pop(args.op_id, None)
+            issue = hooks.pending.pop(args.op_id, None)
             if issue is None:
                 return
             t0, nbytes, dtype, gname, gsize, seq, step, rid, dev = issue
