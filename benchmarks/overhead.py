@@ -49,6 +49,9 @@ def command(variant, script, wl_args, out):
     if variant == "record, no flush":
         return [sys.executable, "-m", "commprof", "record", "-o", out, "--flush-interval", "3600", "--"] \
             + torchrun(wl)
+    if variant == "record --ddp-timing comm-hook":
+        return [sys.executable, "-m", "commprof", "record", "-o", out, "--ddp-timing", "comm-hook", "--"] \
+            + torchrun(wl)
     if variant.startswith("record --disable "):
         flags = []
         for name in variant[len("record --disable "):].split("+"):
@@ -80,8 +83,11 @@ def main():
     p.add_argument("--split", default="",
                    help="extra variants, comma-separated instrument sets to leave out (e.g. ddp,module,ddp+module):"
                         " each runs as 'record --disable X' to split the cost by instrument")
+    p.add_argument("--comm-hook", action="store_true",
+                   help="also 'record --ddp-timing comm-hook' (DDP timed through a Python comm hook, the "
+                        "fallback path, instead of the process group's hooks)")
     args = p.parse_args()
-    variants = VARIANTS + tuple(f"record --disable {x.strip()}" for x in args.split.split(",") if x.strip())
+    variants = VARIANTS + (("record --ddp-timing comm-hook",) if args.comm_hook else ()) + tuple(f"record --disable {x.strip()}" for x in args.split.split(",") if x.strip())
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     for wname in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         script, wl_args, warmup = WORKLOADS[wname]

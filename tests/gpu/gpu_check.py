@@ -8,13 +8,15 @@ Built to survive its one chance on a borrowed GPU: every run has its own
 timeout, every log is written as it goes (``DIR/*.log``), and the JSON
 summary ``DIR/gpu_check.json`` is rewritten after every check, so whatever
 happened before a failure or a kill is on disk. Runs, each with DDP over
-NCCL on one GPU (``--framework ddp``: a real process group, the comm hook,
-NCCL kernels):
+NCCL on one GPU (``--framework ddp``: a real process group, DDP timed
+through the process group's hooks — and once through the timed comm hook,
+``--ddp-timing comm-hook`` — NCCL kernels):
 
 - ResNet-50 (batch 64, 224 px): plain, under ``commprof record``, under
   ``commprof record --kernels 8:3``;
-- ResNet-18 (batch 8, 64 px, a host-bound step): plain and recorded, so the
-  hooks' host cost is visible where it matters most;
+- ResNet-18 (batch 8, 64 px, a host-bound step): plain, recorded, and
+  recorded with ``--ddp-timing comm-hook``, so the hooks' host cost (and
+  the two DDP timing points') is visible where it matters most;
 - an NCCL micro-test: blocking and async ``all_reduce`` of 64 MiB and
   256 MiB under ``commprof record`` (one rank: NCCL still launches its
   kernels), busbw from device times;
@@ -211,6 +213,8 @@ def main():
         ("r50-plain", [], r50, 150), ("r50-recorded", rec("r50-rec"), r50, 150),
         ("r50-kernels", rec("r50-kern", "--kernels", "6:3" if args.dry_run else "8:3"), r50, 180),
         ("r18-plain", [], r18, 90), ("r18-recorded", rec("r18-rec"), r18, 90),
+        # DDP's fallback timing point (a timed comm hook) next to the default (the process group's hooks)
+        ("r18-recorded-comm-hook", rec("r18-rec-hook", "--ddp-timing", "comm-hook"), r18, 90),
     ]
     times, ok = {}, True
     for name, prefix, wl, timeout in plan:
@@ -236,7 +240,7 @@ def main():
             ok &= check(args.out, "fork after CUDA under commprof",
                         run(args.out, "fork-micro", rec("fork-rec") + [py, fork], env, 60))
 
-    for name in ("r50-rec", "r18-rec"):
+    for name in ("r50-rec", "r18-rec", "r18-rec-hook"):
         path = os.path.join(args.out, name)
         if os.path.exists(os.path.join(path, "trace.parquet")):
             good, ev = device_checks(args.out, path, name)
@@ -277,9 +281,10 @@ def main():
                     nccl_kernels=int((k["name"] == "nccl").sum()), duplicate_collectives=dup,
                     comm_sources=comm["source"].astype(str).value_counts().to_dict())
     over = {}
-    for wl in ("r50", "r18"):
-        if f"{wl}-plain" in times and f"{wl}-recorded" in times:
-            plain, recd = statistics.median(times[f"{wl}-plain"]), statistics.median(times[f"{wl}-recorded"])
+    for wl, recorded in (("r50", "r50-recorded"), ("r18", "r18-recorded"), ("r18 comm-hook", "r18-recorded-comm-hook")):
+        plain_name = wl.split()[0] + "-plain"
+        if plain_name in times and recorded in times:
+            plain, recd = statistics.median(times[plain_name]), statistics.median(times[recorded])
             over[wl] = {"plain_ms": plain * 1e3, "recorded_ms": recd * 1e3, "overhead_pct": 100 * (recd / plain - 1)}
     SUMMARY["overhead"] = over
     SUMMARY["ok"] = bool(ok)

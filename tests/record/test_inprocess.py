@@ -164,6 +164,32 @@ def test_ddp_group_hooks_are_removed_with_the_session(recording, tmp_path):
     assert (ddp["t_end"] >= ddp["t_start"]).all()
 
 
+def test_ddp_unused_parameter_map_is_labelled(recording, tmp_path):
+    """With find_unused_parameters the Reducer also allreduces its int32 map
+    of used parameters each step: recorded, labelled apart from the buckets."""
+    class Half(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(8, 2), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.used(x)
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        _train(nn.parallel.DistributedDataParallel(Half(), find_unused_parameters=True))
+    finally:
+        dist.destroy_process_group()
+    session.stop()
+    ev = assemble.load(str(tmp_path / "out" / "shards")).table.to_pandas()
+    ddp = ev[ev["source"] == "ddp_reducer"]
+    used = ddp[ddp["detail"] == "local_used_map"]
+    assert len(used) == 3 and set(used["dtype"]) == {"torch.int32"} and (used["bytes"] == 4 * 4).all()
+    grads = ddp[ddp["detail"] == "reducer"]
+    assert len(grads) >= 3 and set(grads["dtype"]) == {"torch.float32"}
+
+
 def test_fork_child_does_not_write(recording, tmp_path):
     _train(nn.Linear(8, 2), steps=1)
     pid = os.fork()

@@ -277,8 +277,11 @@ class _GroupHooks:
                 rec.comm_issued(t0)
                 if rec.track:
                     rec.comm_started(gname, seq, "all_reduce", nbytes, t0)
-                pending[args.op_id] = (t0, nbytes, str(tensors[0].dtype) if tensors else None, gname, gsize,
-                                       seq, rec.step, rec.nvtx.start("all_reduce"), rec.dev_begin())
+                dtype = tensors[0].dtype if tensors else None
+                # find_unused_parameters: the Reducer also allreduces its int32 map of used parameters
+                detail = "reducer" if dtype is None or dtype.is_floating_point else "local_used_map"
+                pending[args.op_id] = (t0, nbytes, str(dtype), detail, gname, gsize, seq, rec.step,
+                                       rec.nvtx.start("all_reduce"), rec.dev_begin())
             except Exception as exc:
                 inst.fail(exc)
 
@@ -286,7 +289,7 @@ class _GroupHooks:
             issue = hooks.pending.pop(args.op_id, None)
             if issue is None:
                 return
-            t0, nbytes, dtype, gname, gsize, seq, step, rid, dev = issue
+            t0, nbytes, dtype, detail, gname, gsize, seq, step, rid, dev = issue
 
             def done(_fut):
                 t1 = now()
@@ -301,7 +304,7 @@ class _GroupHooks:
                     rec.nvtx.end(rid)
                     # CUDA futures run this on a stream that waits for the
                     # collective: the end event is its device completion
-                    rec.collective("all_reduce", "ddp_reducer", "reducer", t0, t1, nbytes, dtype, gname, gsize,
+                    rec.collective("all_reduce", "ddp_reducer", detail, t0, t1, nbytes, dtype, gname, gsize,
                                    seq, step, blocking=False, dev=dev)
                 except Exception as exc:
                     inst.fail(exc)
