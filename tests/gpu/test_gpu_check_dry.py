@@ -19,9 +19,13 @@ def test_gpu_check_dry_run_passes_and_writes_its_summary(tmp_path):
     with open(tmp_path / "gpu_check.json") as fh:
         summary = json.load(fh)
     assert summary["ok"] is True and summary["dry_run"] is True
-    assert {"r50-plain", "r50-recorded", "r50-kernels", "r18-plain", "r18-recorded", "nccl-micro"} <= set(summary["runs"])
+    assert {"r50-plain", "r50-recorded", "r50-kernels", "r18-plain", "r18-recorded", "r18-recorded-comm-hook",
+            "nccl-micro"} <= set(summary["runs"])
     assert all(c["ok"] for c in summary["checks"].values())
     assert "collectives timed on the device" in summary["checks"]
-    assert set(summary["overhead"]) == {"r50", "r18"}
+    assert set(summary["overhead"]) == {"r50", "r18", "r18 comm-hook"}
+    # both DDP timing points (process-group hooks, timed comm hook) pass the device checks
+    for name in ("r18-rec", "r18-rec-hook"):
+        assert summary["checks"][f"{name}: device rows"]["ok"], name
     for run in summary["runs"].values():
         assert os.path.exists(run["log"])
