@@ -261,7 +261,7 @@ class _GroupHooks:
         python_hooked, pg_id = inst._python_hooked, id(pg)
         # op_id -> the fields, until the post-hook has the work (held by
         # the hooks through self: a test sees this object freed once unregistered)
-        self.pending = pending = {}
+        self.pending = {}
         hooks = self
 
         def pre(args):
@@ -272,7 +272,7 @@ class _GroupHooks:
                 t0 = now()
                 tensors = args.input_tensors
                 nbytes = sum(tensor_bytes(t) for t in tensors)
-                gname, gsize = rec.groups(dist, pg_ref())
+                gname, gsize = rec.groups(dist, hooks.pg())
                 seq = rec.next_seq(gname)
                 rec.comm_issued(t0)
                 if rec.track:
@@ -280,7 +280,7 @@ class _GroupHooks:
                 dtype = tensors[0].dtype if tensors else None
                 # find_unused_parameters: the Reducer also allreduces its int32 map of used parameters
                 detail = "reducer" if dtype is None or dtype.is_floating_point else "local_used_map"
-                pending[args.op_id] = (t0, nbytes, str(dtype), detail, gname, gsize, seq, rec.step,
+                hooks.pending[args.op_id] = (t0, nbytes, str(dtype), detail, gname, gsize, seq, rec.step,
                                        rec.nvtx.start("all_reduce"), rec.dev_begin())
             except Exception as exc:
                 inst.fail(exc)
@@ -316,7 +316,6 @@ class _GroupHooks:
             except Exception as exc:
                 inst.fail(exc)
 
-        pg_ref = self.pg
         pg.register_pre_hook(HOOK_ID, pre)
         pg.register_post_hook(HOOK_ID, post)
 
