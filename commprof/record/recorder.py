@@ -168,9 +168,11 @@ class Recorder:
         at ``t1``. With ``dev`` (``dev_begin()`` at issue), call this where
         the device work is known to be complete on the current stream — after
         a blocking call, or in the work's future callback — and the row waits
-        for its device times."""
-        row = Event(step, "comm", name, source, detail, t0, t1, bytes=nbytes, dtype=dtype,
-                    group=group, group_size=group_size, seq=seq, blocking=blocking)
+        for its device times. (Called once per collective, often from a
+        future's callback between kernels: the row is built positionally and
+        queued without a further call.)"""
+        row = Event(step, "comm", name, source, detail, t0, t1, None, None, nbytes, dtype, group, group_size,
+                    seq, blocking)
         if self.track:
             self.inflight.pop((group, seq), None)
             self.last_done = (group, seq, name, nbytes, t1)
@@ -179,6 +181,8 @@ class Recorder:
             if self.state != "active" and (self.state != "idle" or not self._activate()):
                 return
             self.timer.end(dev, row)
+        elif self.state == "active":
+            self.q.append(row)
         else:
             self.emit(row)
 
