@@ -63,10 +63,9 @@ class Nvtx(_Off):
             self._domain.end_range(rid)
 
 
-def tool_attached(environ=None) -> bool:
+def tool_attached() -> bool:
     """Is an NVTX tool listening (or are ranges forced with COMMPROF_NVTX=1)?"""
-    env = os.environ if environ is None else environ
-    return env.get("COMMPROF_NVTX") == "1" or any(env.get(v) for v in INJECTION_VARS)
+    return os.environ.get("COMMPROF_NVTX") == "1" or any(os.environ.get(v) for v in INJECTION_VARS)
 
 
 def make(enabled: bool):
