@@ -12,8 +12,14 @@ on the *same* objects:
 - ``plain``: a commprof session is running (its writer thread too) but no
   instrument is installed;
 - ``record``: every instrument installed, as ``commprof record`` installs
-  them (DDP timed through the process group's hooks, the default; the DDP
-  created earlier is attached when the instruments are installed);
+  them (DDP timed through the process group's hooks, the default — the
+  native ones where they are built, see ``commprof/record/native.py``; the
+  DDP created earlier is attached when the instruments are installed);
+- ``record:python``: the same with DDP's buckets timed by the Python
+  process-group hooks;
+- ``only:NAME``: one instrument alone (the split by instrument);
+  ``pg:noop`` / ``pg:callback``: torch's process-group hook machinery with
+  do-nothing Python hooks (and a done-callback), no commprof;
 - ``plain2``: plain again: the A/A control — its difference from ``plain``
   is the method's own noise and bias;
 - ``profiler``: ``torch.profiler.profile(activities=[CPU],
@@ -127,7 +133,7 @@ def _rank_main(rank, args, tmp, out):
     full = sess.config
 
     def switch(arm):
-        want = arm if arm == "record" or arm.startswith("only:") else None
+        want = arm if arm.startswith(("record", "only:")) else None
         if state["on"] and want != state["on"]:
             sess.uninstall()
             state["on"] = None
@@ -137,8 +143,11 @@ def _rank_main(rank, args, tmp, out):
                 sess.config = full.replace(disable=tuple(n for n in ALL if n != keep))
             sess.install_for("torch")
             sess.config = full
+            if want == "record:python":  # DDP's buckets timed by the Python process-group hooks
+                sess.recorder.config = full.replace(native_hooks=False)
             if "ddp" in sess.instruments:
                 sess.instruments["ddp"]._ensure_default_hook(ddp)  # the DDP made before this install
+            sess.recorder.config = full
             state["on"] = want
         if arm.startswith("pg:"):  # torch's process-group hook machinery alone, no commprof
             pg, kind = ddp.process_group, arm[3:]
@@ -162,7 +171,7 @@ def _rank_main(rank, args, tmp, out):
             state["prof"].__exit__(None, None, None)
             state["prof"] = None
 
-    arms = [a for a in ARMS if a in args.arms] + sorted(a for a in args.arms if a.startswith(("only:", "pg:")))
+    arms = [a for a in ARMS if a in args.arms] + sorted(a for a in args.arms if a.startswith(("only:", "pg:", "record:")))
     res = {a: [] for a in arms}
     for r in range(args.rounds):
         k = r % len(arms)

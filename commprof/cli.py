@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how DDP's gradient buckets are timed: auto (process-group hooks, DDP keeps its C++ "
                         "path; a timed comm hook where torch has none) or comm-hook (always torch's "
                         "allreduce_hook, timed)")
+    r.add_argument("--no-native-hooks", action="store_true",
+                   help="time DDP's buckets with the Python process-group hooks, not the native (C++) ones "
+                        "(which commprof builds once per torch version)")
     r.add_argument("--no-device-timing", action="store_true",
                    help="do not time regions with CUDA events")
     r.add_argument("--nodes", type=int, default=None, metavar="N",
@@ -323,7 +326,8 @@ def cmd_record(args) -> int:
                 kernels=args.kernels, telemetry=args.telemetry, device_timing=not args.no_device_timing,
                 telemetry_interval=args.telemetry_interval, horovod_timeline=args.horovod_timeline,
                 simulate_device_lag_ms=args.simulate_device_lag_ms, nodes=args.nodes, run_id=args.run_id,
-                hang_timeout=args.hang_timeout, hang_kill=args.hang_kill, ddp_timing=args.ddp_timing)
+                hang_timeout=args.hang_timeout, hang_kill=args.hang_kill, ddp_timing=args.ddp_timing,
+                native_hooks=not args.no_native_hooks)
     return exit_like(rc)
 
 

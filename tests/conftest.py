@@ -47,6 +47,17 @@ def _patch_points():
     return points
 
 
+@pytest.fixture(scope="session", autouse=True)
+def native_hooks_built():
+    """commprof's native process-group hooks, built once for the whole run
+    (as `commprof record` builds them before a job): every recorded DDP run
+    of the suite then uses them, whatever the order of the tests. Where the
+    build fails, tests/record/test_native_hooks.py says why."""
+    proc = subprocess.run([sys.executable, "-c", "from commprof.record import native; native.build()"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    return proc
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Every test must leave torch, os and the import system as it found them."""

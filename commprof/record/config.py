@@ -39,6 +39,9 @@ class Config:
     fault_inject: Tuple[str, ...] = ()
     #: Device-accurate times (CUDA events) for compute regions and collectives on CUDA.
     device_timing: bool = True
+    #: DDP buckets timed by the native process-group hooks where they are
+    #: built (``commprof record`` builds them once); False: the Python hooks
+    native_hooks: bool = True
     #: Test hook: time regions with simulated device events that complete this
     #: many ms after they are recorded (a device with a backlog); 0 = off.
     simulate_device_lag_ms: float = 0.0

@@ -144,7 +144,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
            kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
            telemetry_interval: float = 1.0, horovod_timeline: bool = False,
            simulate_device_lag_ms: float = 0.0, nodes: Optional[int] = None, run_id: Optional[str] = None,
-           hang_timeout: float = 0.0, hang_kill: bool = False, ddp_timing: str = "auto") -> int:
+           hang_timeout: float = 0.0, hang_kill: bool = False, ddp_timing: str = "auto",
+           native_hooks: bool = True) -> int:
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
@@ -189,7 +190,7 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
                     labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
                     device_timing=device_timing, telemetry_interval=telemetry_interval,
                     simulate_device_lag_ms=simulate_device_lag_ms, progress=hang_timeout > 0,
-                    ddp_timing=ddp_timing)
+                    ddp_timing=ddp_timing, native_hooks=native_hooks)
     boot_dir = os.path.join(out_dir, f"{BOOTSTRAP_DIR}.{socket.gethostname()}.{os.getpid()}")
     bootstrap.write_bootstrap(boot_dir, config)
     shard_dir = os.path.join(out_dir, "shards")
@@ -198,6 +199,8 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
     if horovod_timeline:
         env["HOROVOD_TIMELINE"] = os.path.join(shard_dir, HOROVOD_TIMELINE_FILE)
 
+    if native_hooks and "ddp" not in disable and ddp_timing == "auto":
+        _ensure_native(cmd)
     watchdog = None
     if hang_timeout > 0:
         from .hang import Watchdog
@@ -224,6 +227,30 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
         sys.stderr.write(f"commprof: {socket.gethostname()} done; the last participant merges "
                          f"(waiting for: {', '.join(participant.waiting_for()) or 'none'})\n")
     return returncode
+
+
+def _ensure_native(cmd: List[str]) -> None:
+    """Build the native process-group hooks (``native.py``) once per torch
+    version, before the job starts: a recorded rank never compiles. In a
+    subprocess (torch is not imported here); where it fails, one line says
+    so and the Python hooks time DDP."""
+    from . import native
+
+    if os.environ.get("COMMPROF_NATIVE") == "0" or shutil.which(cmd[0]) is None:
+        return
+    if native.build_dir() is None or native.built():
+        return
+    sys.stderr.write("commprof: building the native process-group hooks, once per torch version "
+                     "(~40 s; --no-native-hooks skips it)\n")
+    sys.stderr.flush()
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from commprof.record import native; native.build()"],
+                              capture_output=True, text=True, timeout=900)
+        ok, why = proc.returncode == 0, (proc.stderr.strip().splitlines() or ["?"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, why = False, repr(exc)
+    if not ok:
+        sys.stderr.write(f"commprof: could not build them ({why[:200]}); DDP is timed by the Python hooks\n")
 
 
 #: exit status of ``commprof record --hang-timeout S --hang-kill`` when it ended a hung job

@@ -74,6 +74,13 @@ class Recorder:
         self.ddp_buckets: Dict[str, list] = {}
         self.last_comm_issue = 0
         self.last_backward_end = 0
+        self.in_backward = False
+        #: recent backward ends (increasing): bounds of native rows' completions
+        self.backward_end_times: collections.deque = collections.deque(maxlen=4096)
+        #: group name -> native process-group hooks (``native.py``), and the
+        #: extension module while any is attached
+        self.native_groups: Dict[str, Any] = {}
+        self.native = None
         self.timer = None
         self.capturing = 0
         self.telemetry = None
@@ -192,6 +199,9 @@ class Recorder:
         self.emit(Event(self.clock.step, "metric", name, source, detail, t, t, value=float(value)))
 
     def next_seq(self, group: str) -> int:
+        hooks = self.native_groups.get(group)
+        if hooks is not None:  # the group's counter lives in its native hooks while they are attached
+            return hooks.native.next_seq()
         counter = self._seq.get(group)
         if counter is None:
             counter = self._seq.setdefault(group, itertools.count())
@@ -200,10 +210,48 @@ class Recorder:
     def backward_begins(self) -> None:
         """A backward pass starts: no collective issued in it yet."""
         self.last_comm_issue = 0
+        self.in_backward = True
 
     def backward_ends(self, t1: int) -> None:
         """A backward pass returned at ``t1`` (DDP has waited for every bucket by then)."""
         self.last_backward_end = t1
+        self.in_backward = False
+        if self.native_groups:
+            self.backward_end_times.append(t1)
+
+    def comm_issue_time(self) -> int:
+        """When the last collective was issued (the backward's split point),
+        native hooks included."""
+        last = self.last_comm_issue
+        for hooks in self.native_groups.values():
+            t = hooks.native.last_issue()
+            if t > last:
+                last = t
+        return last
+
+    def adopt_native(self, group: str, hooks, module) -> None:
+        """Native hooks time ``group`` from now on (its sequence counter has
+        moved into them)."""
+        self.native_groups[group] = hooks
+        self.native = module
+        module.set_step(self.clock.step)
+
+    def release_native(self, group: str, hooks) -> None:
+        """The native hooks of ``group`` are gone: their last rows join the
+        queue and the group's counter continues in Python."""
+        if self.native_groups.get(group) is not hooks:
+            return
+        self._drain_native(final=True)
+        del self.native_groups[group]
+        self._seq[group] = itertools.count(hooks.native.next_seq())
+        if not self.native_groups:
+            self.native = None
+
+    def _drain_native(self, final: bool = False) -> None:
+        append = self.q.append
+        for hooks in list(self.native_groups.values()):
+            for row in hooks.rows(hooks.native.drain(), final):
+                append(row)
 
     def comm_issued(self, t0: int) -> None:
         """A collective was issued at ``t0`` (the backward split point)."""
@@ -267,6 +315,8 @@ class Recorder:
         """Close the current step at ``t_end``."""
         step, start, items = self.clock.close(t_end)
         self.emit(Event(step, "step", "step", source, None, start, t_end, items=items))
+        if self.native is not None:
+            self.native.set_step(self.clock.step)
         if self.kernels.window is not None:
             self.kernels.at_step(self.clock.step, self.run_info,
                                  self.shard_dir if self.state == "active" else None, self.host, self.pid)
@@ -313,6 +363,8 @@ class Recorder:
         flush join the queue (at close: waiting until ``deadline``)."""
         if self.rank_info is None or not self.rank_info.final:
             self._refresh_rank()
+        if self.native_groups:
+            self._drain_native(final=deadline is not None)
         if self.timer is not None and self.timer.pending:
             self.timer.resolve(self.q.append, deadline)
 

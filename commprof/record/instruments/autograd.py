@@ -49,7 +49,7 @@ class AutogradInstrument(Instrument):
                 try:
                     rec.nvtx.pop()
                     rec.backward_ends(t1)
-                    last = rec.last_comm_issue
+                    last = rec.comm_issue_time()
                     if t0 < last < t1:
                         # device times (CUDA) of the split backward cover the whole call
                         rec.region_dev("compute", "backward", "autograd", None, t0, last, dev)

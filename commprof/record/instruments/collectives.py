@@ -125,10 +125,15 @@ class CollectivesInstrument(Instrument):
                 inst.fail(exc)
                 return original(*args, **kwargs)
             tls.depth = 1
+            native = rec.native  # native DDP hooks on the group: this call is timed here, not there
+            if native is not None:
+                native.suppress(True)
             try:
                 work = original(*args, **kwargs)
             finally:
                 tls.depth = 0
+                if native is not None:
+                    native.suppress(False)
             try:
                 if not is_async or work is None:
                     t1 = now()

@@ -81,7 +81,7 @@ class DDPInstrument(Instrument):
         if not self.active:
             return
         if ddp._comm_hooks:
-            self._python_hooked.add(id(ddp.process_group))
+            self._hooked_in_python(ddp.process_group)
             return
         try:
             if self.rec.config.ddp_timing != "comm-hook" and hasattr(ddp.process_group, "register_pre_hook"):
@@ -121,13 +121,21 @@ class DDPInstrument(Instrument):
         def register_comm_hook(ddp, state, hook):
             if inst.active and not getattr(hook, "__commprof__", None):
                 try:
-                    inst._python_hooked.add(id(ddp.process_group))
+                    inst._hooked_in_python(ddp.process_group)
                     hook = inst.timed_hook(ddp, hook, getattr(hook, "__qualname__", repr(hook)))
                 except Exception as exc:
                     inst.fail(exc)
             return original(ddp, state, hook)
 
         return register_comm_hook
+
+    def _hooked_in_python(self, pg) -> None:
+        """A Python comm hook times this group's DDP buckets: the group's
+        process-group hooks stand aside (they would count them twice)."""
+        self._python_hooked.add(id(pg))
+        hooks = self._pg_hooked.get(id(pg))
+        if isinstance(hooks, _NativeGroupHooks):
+            hooks.native.set_enabled(False)
 
     def _wrap_builtin(self, original):
         @functools.wraps(original)
@@ -145,7 +153,7 @@ class DDPInstrument(Instrument):
         pg = ddp.process_group
         hooks = self._pg_hooked.get(id(pg))
         if hooks is None or hooks.pg() is not pg:
-            hooks = self._pg_hooked[id(pg)] = _GroupHooks(self, pg)
+            hooks = self._pg_hooked[id(pg)] = self._make_group_hooks(pg)
             self.handle(hooks)
         # bucket names: read after a forward (DDP rebuilds its buckets in step 1's),
         # never from the process-group hooks (the Reducer holds its lock there)
@@ -161,6 +169,29 @@ class DDPInstrument(Instrument):
 
         holder["h"] = ddp.register_forward_hook(after_forward)
         self.handle(holder["h"])
+
+    def _make_group_hooks(self, pg):
+        """The native hooks where they are built and can do the whole job (a
+        gloo group on the host: no device times to take, CUDA or simulated;
+        no --hang-timeout in-flight table), else the Python ones."""
+        rec = self.rec
+        if rec.config.native_hooks and not rec.track:
+            try:
+                from .. import native
+                from ..device import cuda_initialized
+
+                host_only = rec.timer is None and not rec.config.simulate_device_lag_ms and not cuda_initialized()
+                mod = native.load_built() if host_only and _backend(pg) == "gloo" else None
+                if mod is not None:
+                    hooks = _NativeGroupHooks(self, pg, mod)
+                    rec.run_info["ddp_hooks"] = "native"
+                    return hooks
+            except Exception as exc:  # the Python hooks below do the same job
+                from ..log import log_once
+
+                log_once("native", f"native process-group hooks not used ({exc!r})")
+        rec.run_info.setdefault("ddp_hooks", "python")
+        return _GroupHooks(self, pg)
 
     def timed_hook(self, ddp, hook, hook_name):
         inst = self
@@ -351,6 +382,78 @@ class _GroupHooks:
         if pg is not None:
             pg.unregister_pre_hook(HOOK_ID)
             pg.unregister_post_hook(HOOK_ID)
+
+
+class _NativeGroupHooks:
+    """The same timing as :class:`_GroupHooks`, in C++ (``native.py``,
+    ``_pghooks.cpp``): no Python per bucket. The rows wait in the
+    extension's buffer until the journal writer drains them
+    (``Recorder._before_flush``); the group's sequence counter lives in the
+    extension while it is attached, so collectives issued from Python on the
+    same group keep one numbering. Completion times are taken by a C++
+    callback on the backend's thread the moment the future completes (no GIL
+    to wait for), bounded by the backward's end as in the Python hooks."""
+
+    def __init__(self, inst: DDPInstrument, pg, mod) -> None:
+        import torch
+
+        rec = inst.rec
+        self.rec, self.pg = rec, weakref.ref(pg)
+        self.gname, self.gsize = rec.groups(inst._dist, pg)
+        kinds = {}
+        for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64,
+                   torch.uint8, torch.int8, torch.bool):
+            kinds[mod.scalar_type_code(torch.empty(0, dtype=dt))] = (
+                str(dt), "reducer" if dt.is_floating_point else "local_used_map")
+        self._kinds = kinds
+        self._held = []  # rows of a backward that has not ended yet
+        # the group's counter continues where Python left it
+        self.native = mod.GroupHooks(pg, HOOK_ID, rec.next_seq(self.gname))
+        rec.adopt_native(self.gname, self, mod)
+        if id(pg) in inst._python_hooked:
+            self.native.set_enabled(False)
+
+    def rows(self, rows, final: bool = False):
+        """Extension rows -> trace events (in the writer thread). A future
+        wakes its waiters before it runs its callbacks, so a completion can
+        be stamped just after DDP's backward returned: like the Python hooks,
+        a completion is bounded by the end of the backward it was issued in.
+        Rows of a backward still running are held until it ends (or
+        ``final``)."""
+        from bisect import bisect_left
+
+        from ...trace.schema import Event
+
+        rec = self.rec
+        ends = list(rec.backward_end_times)
+        last = ends[-1] if ends else 0
+        running = rec.in_backward
+        kinds, gname, gsize = self._kinds, self.gname, self.gsize
+        unknown = ("unknown", "reducer")
+        held = []
+        for r in (self._held + rows) if self._held else rows:
+            t0, t1, nbytes, code, seq, step = r
+            if running and t0 >= last and not final:
+                held.append(r)
+                continue
+            i = bisect_left(ends, t0)
+            if i < len(ends) and ends[i] < t1:
+                t1 = ends[i]
+            dtype, detail = kinds.get(code, unknown)
+            yield Event(step, "comm", "all_reduce", "ddp_reducer", detail, t0, t1, None, None, nbytes, dtype,
+                        gname, gsize, seq, False)
+        self._held = held
+
+    def remove(self) -> None:
+        self.native.remove()
+        self.rec.release_native(self.gname, self)
+
+
+def _backend(pg) -> str:
+    try:
+        return str(pg._get_backend_name())
+    except Exception:
+        return ""
 
 
 def _note_buckets(rec, ddp) -> bool:

@@ -1,0 +1,176 @@
+// commprof's native process-group hooks: DDP's bucket allreduces timed in
+// C++, with no Python (and no GIL) per bucket.
+//
+// A pre-hook takes the issue time (CLOCK_MONOTONIC, as time.monotonic_ns),
+// the bytes, the dtype and the group's next sequence number; the post-hook
+// puts a C++ callback on the work's future that takes the completion time
+// on the backend's thread. Rows wait in a buffer that the journal writer
+// drains (drain()) at each flush. Built once per torch version by
+// commprof.record.native; loaded only where it was built.
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <time.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+// collectives issued from Python's torch.distributed API are timed there:
+// the collectives instrument raises this around its calls
+thread_local int suppressed = 0;
+std::atomic<int64_t> current_step{0};
+
+struct Row {
+  int64_t t0 = 0, t1 = 0, nbytes = 0, seq = 0, step = 0;
+  int32_t dtype = -1;
+};
+
+struct State {
+  std::mutex mu;
+  int64_t next_seq = 0;
+  int64_t last_issue = 0;
+  std::unordered_map<int64_t, Row> issued;  // op_id -> row, until the post-hook
+  std::vector<Row> done;
+  std::atomic<bool> enabled{true};
+};
+
+class GroupHooks {
+ public:
+  GroupHooks(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t hook_id, int64_t first_seq)
+      : pg_(pg), id_(hook_id), st_(std::make_shared<State>()) {
+    st_->next_seq = first_seq;
+    std::shared_ptr<State> st = st_;
+    pg->registerPreHook(id_, [st](const c10d::PreHookArgs& a) {
+      if (a.name != c10d::HookOpName::ALLREDUCE || suppressed || !st->enabled.load(std::memory_order_relaxed)) {
+        return;
+      }
+      Row r;
+      r.t0 = mono_ns();
+      for (const auto& t : a.input_tensors) {
+        r.nbytes += static_cast<int64_t>(t.nbytes());
+      }
+      if (!a.input_tensors.empty()) {
+        r.dtype = static_cast<int32_t>(a.input_tensors[0].scalar_type());
+      }
+      r.step = current_step.load(std::memory_order_relaxed);
+      std::lock_guard<std::mutex> g(st->mu);
+      r.seq = st->next_seq++;
+      st->last_issue = r.t0;
+      st->issued[a.op_id] = r;
+    });
+    pg->registerPostHook(id_, [st](const c10d::PostHookArgs& a) {
+      Row r;
+      {
+        std::lock_guard<std::mutex> g(st->mu);
+        auto it = st->issued.find(a.op_id);
+        if (it == st->issued.end()) {
+          return;
+        }
+        r = it->second;
+        st->issued.erase(it);
+      }
+      c10::intrusive_ptr<c10::ivalue::Future> fut;
+      try {
+        if (a.work) {
+          fut = a.work->getFuture();
+        }
+      } catch (...) {
+        fut.reset();
+      }
+      if (!fut) {  // synchronous, or no future: complete when it returned
+        r.t1 = mono_ns();
+        std::lock_guard<std::mutex> g(st->mu);
+        st->done.push_back(r);
+        return;
+      }
+      // registered from inside the issuing call, before the Reducer chains
+      // its own callback: it runs first, on the backend's thread
+      fut->addCallback([st, r](c10::ivalue::Future&) mutable {
+        r.t1 = mono_ns();
+        std::lock_guard<std::mutex> g(st->mu);
+        st->done.push_back(r);
+      });
+    });
+  }
+
+  ~GroupHooks() { remove(); }
+
+  void remove() {
+    if (removed_) {
+      return;
+    }
+    removed_ = true;
+    auto pg = pg_.lock();
+    if (pg) {
+      pg->unregisterPreHook(id_);
+      pg->unregisterPostHook(id_);
+    }
+  }
+
+  // (t0, t1, bytes, dtype code, seq, step) of every completed collective since the last call
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int32_t, int64_t, int64_t>> drain() {
+    std::vector<Row> rows;
+    {
+      std::lock_guard<std::mutex> g(st_->mu);
+      rows.swap(st_->done);
+    }
+    std::vector<std::tuple<int64_t, int64_t, int64_t, int32_t, int64_t, int64_t>> out;
+    out.reserve(rows.size());
+    for (const auto& r : rows) {
+      out.emplace_back(r.t0, r.t1, r.nbytes, r.dtype, r.seq, r.step);
+    }
+    return out;
+  }
+
+  int64_t next_seq() {
+    std::lock_guard<std::mutex> g(st_->mu);
+    return st_->next_seq++;
+  }
+
+  int64_t last_issue() {
+    std::lock_guard<std::mutex> g(st_->mu);
+    return st_->last_issue;
+  }
+
+  size_t in_flight() {
+    std::lock_guard<std::mutex> g(st_->mu);
+    return st_->issued.size();
+  }
+
+  void set_enabled(bool on) { st_->enabled.store(on); }
+
+ private:
+  c10::weak_intrusive_ptr<c10d::ProcessGroup> pg_;
+  int64_t id_;
+  std::shared_ptr<State> st_;
+  bool removed_ = false;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "commprof's native process-group hooks (DDP buckets timed without Python)";
+  py::class_<GroupHooks>(m, "GroupHooks")
+      .def(py::init<const c10::intrusive_ptr<c10d::ProcessGroup>&, int64_t, int64_t>(), py::arg("pg"),
+           py::arg("hook_id"), py::arg("first_seq"))
+      .def("remove", &GroupHooks::remove)
+      .def("drain", &GroupHooks::drain)
+      .def("next_seq", &GroupHooks::next_seq)
+      .def("last_issue", &GroupHooks::last_issue)
+      .def("in_flight", &GroupHooks::in_flight)
+      .def("set_enabled", &GroupHooks::set_enabled);
+  m.def("set_step", [](int64_t step) { current_step.store(step, std::memory_order_relaxed); });
+  m.def("suppress", [](bool on) { suppressed += on ? 1 : -1; });
+  m.def("scalar_type_code", [](const at::Tensor& t) { return static_cast<int32_t>(t.scalar_type()); });
+}

@@ -1,0 +1,108 @@
+"""The native (C++) process-group hooks time DDP's buckets exactly as the
+Python ones do: same rows, one sequence numbering with Python-issued
+collectives, no double counting; and a real 2-rank job uses them."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from commprof import assemble
+from commprof.record import native, session
+from commprof.record.config import Config
+from conftest import TINY
+
+COLS = ["step", "name", "source", "detail", "bytes", "dtype", "group", "group_size", "seq", "blocking"]
+
+
+def _ddp_run(tmp, native_hooks, python_hook=False):
+    store = dist.FileStore(os.path.join(tmp, f"store{native_hooks}{python_hook}"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    out = os.path.join(tmp, f"out{native_hooks}{python_hook}")
+    sess = session.start(Config(out_dir=out, run_id="t", flush_interval=0.05, native_hooks=native_hooks),
+                         hook_exits=False)
+    try:
+        sess.install_for("torch")
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4)),
+            bucket_cap_mb=0.5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            if python_hook and step == 2:  # a Python comm hook from now on: it times the buckets
+                from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+                model.register_comm_hook(None, allreduce_hook)
+            model(torch.randn(8, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            t = torch.ones(3)
+            dist.all_reduce(t)  # timed by the collectives instrument, on the same group
+        kind = type(next(iter(sess.instruments["ddp"]._pg_hooked.values()))).__name__
+    finally:
+        session.stop()
+        dist.destroy_process_group()
+    ev = assemble.load(os.path.join(out, "shards")).table.to_pandas()
+    comm = ev[ev["category"] == "comm"].sort_values("seq")[COLS].reset_index(drop=True)
+    return kind, comm, ev
+
+
+def test_native_hooks_are_built_here(native_hooks_built):
+    assert native.built(), (native_hooks_built.stderr or "")[-3000:]
+
+
+def test_native_rows_equal_the_python_hooks_rows(tmp_path):
+    assert native.built()
+    kind_n, comm_n, ev_n = _ddp_run(str(tmp_path), True)
+    kind_p, comm_p, ev_p = _ddp_run(str(tmp_path), False)
+    assert (kind_n, kind_p) == ("_NativeGroupHooks", "_GroupHooks")
+    ddp = comm_n[comm_n["source"] == "ddp_reducer"]
+    assert len(ddp) >= 5 and ddp["bytes"].nunique() >= 2  # several buckets after the rebuild
+    # same rows: buckets, sizes, dtypes, steps, and one numbering with the Python all_reduces
+    assert comm_n.equals(comm_p), (comm_n, comm_p)
+    assert list(comm_n["seq"]) == list(range(len(comm_n)))
+    for ev in (ev_n, ev_p):
+        d = ev[ev["source"] == "ddp_reducer"]
+        assert (d["t_end"] >= d["t_start"]).all()
+        # the backward is split at the last bucket's issue: compute, then waiting for the buckets
+        bw = ev[ev["name"] == "backward"]
+        wait = ev[ev["name"] == "comm_wait"]
+        assert len(bw) == len(wait) == 4
+        last_issue = d.groupby("step")["t_start"].max()
+        assert (bw.set_index("step")["t_end"] == last_issue).all()
+    meta = assemble.load(str(tmp_path / "outTrueFalse" / "shards")).ranks[0]
+    assert meta["ddp_hooks"] == "native"
+
+
+def test_a_python_comm_hook_switches_the_native_hooks_off(tmp_path):
+    """Registered mid-run, the Python comm hook times the buckets; the
+    native hooks stand aside: every bucket is counted once."""
+    assert native.built()
+    kind, comm, _ev = _ddp_run(str(tmp_path), True, python_hook=True)
+    assert kind == "_NativeGroupHooks"
+    by_step = comm[comm["name"] == "all_reduce"].groupby(["step", "source"]).size().unstack(fill_value=0)
+    # steps 0-1: native rows; steps 2-3: the timed Python hook's rows, never both
+    assert (by_step.loc[[0, 1], "ddp_reducer"] > 0).all()
+    sources_late = set(comm[(comm["step"] >= 2) & (comm["detail"] != "all_reduce")]["detail"])
+    assert sources_late and "reducer" not in sources_late, comm
+    assert list(comm["seq"]) == list(range(len(comm)))
+
+
+@pytest.mark.slow
+def test_a_recorded_two_rank_job_uses_them(record):
+    assert native.built()
+    for flags, expected in (((), "native"), (("--no-native-hooks",), "python")):
+        proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                            "--steps", "6"], *flags)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        run = assemble.load(out)
+        assert {m["rank"]: m.get("ddp_hooks") for m in run.ranks} == {0: expected, 1: expected}
+        ev = run.table.to_pandas()
+        d = ev[ev["source"] == "ddp_reducer"]
+        counts = d.groupby("rank").size()
+        assert len(counts) == 2 and counts.iloc[0] == counts.iloc[1] >= 6
+        # the same bucket has the same sequence number on both ranks (cross-rank matching)
+        a, b = (d[d["rank"] == r].set_index("seq")["bytes"] for r in (0, 1))
+        assert a.sort_index().equals(b.sort_index())
