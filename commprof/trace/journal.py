@@ -54,6 +54,7 @@ ROW = struct.Struct("<iBIIIqqqqqIIiqbqdB")
 _NULLABLE = ("dev_start", "dev_end", "bytes", "group_size", "seq", "blocking", "items", "value")
 _IDX = {name: i for i, name in enumerate(schema.EVENT_COLUMNS)}
 _NULL_IDX = tuple(_IDX[n] for n in _NULLABLE)
+assert _NULL_IDX == (7, 8, 9, 12, 13, 14, 15, 16), "JournalWriter.append spells these positions out"
 
 
 def journal_paths(shard_dir: str, host: str, pid: int) -> Tuple[str, str]:
@@ -80,6 +81,7 @@ class JournalWriter:
         self._fd: Optional[int] = None
         self._closed = False
         self._ids: Dict[str, int] = {}
+        self._codes: Dict[tuple, tuple] = {}  # (category, name, source, detail, dtype, group) -> codes
         self.events = 0
 
     @property
@@ -113,17 +115,20 @@ class JournalWriter:
 
         cat = schema.CAT
         pack = ROW.pack
+        # rows repeat their strings (category, name, source, detail, dtype,
+        # group) step after step: their codes are looked up once per distinct
+        # combination, in this flush and in earlier ones
+        codes = self._codes
         out = bytearray()
         for r in rows:
-            nulls = 0
-            bit = 1
-            for j in _NULL_IDX:
-                if r[j] is None:
-                    nulls |= bit
-                bit <<= 1
-            out += pack(r[0], cat[r[1]], sid(r[2]), sid(r[3]), sid(r[4]), r[5], r[6],
-                        r[7] or 0, r[8] or 0, r[9] or 0, sid(r[10]), sid(r[11]), r[12] or 0, r[13] or 0,
-                        bool(r[14]), r[15] or 0, r[16] or 0.0, nulls)
+            key = (r[1], r[2], r[3], r[4], r[10], r[11])
+            c = codes.get(key)
+            if c is None:
+                c = codes[key] = (cat[r[1]], sid(r[2]), sid(r[3]), sid(r[4]), sid(r[10]), sid(r[11]))
+            nulls = ((r[7] is None) | (r[8] is None) << 1 | (r[9] is None) << 2 | (r[12] is None) << 3
+                     | (r[13] is None) << 4 | (r[14] is None) << 5 | (r[15] is None) << 6 | (r[16] is None) << 7)
+            out += pack(r[0], c[0], c[1], c[2], c[3], r[5], r[6], r[7] or 0, r[8] or 0, r[9] or 0, c[4], c[5],
+                        r[12] or 0, r[13] or 0, bool(r[14]), r[15] or 0, r[16] or 0.0, nulls)
         data = bytearray()
         if new:
             payload = bytearray(struct.pack("<II", first, len(new)))
