@@ -18,6 +18,8 @@ def test_fresh_install_has_commprof_analyzers_only(tmp_path):
     top = sorted(p for p in os.listdir(target) if not p.endswith((".dist-info", ".egg-info")) and p != "bin")
     assert top == ["commprof"], top
     assert os.path.isfile(target / "commprof" / "analyzers" / "scaling.py")
+    # the native process-group hooks' source ships, so an installed commprof can build them
+    assert os.path.isfile(target / "commprof" / "record" / "_pghooks.cpp")
     env = {"PYTHONPATH": str(target), "PATH": os.environ["PATH"], "PYTHONNOUSERSITE": "1"}
     code = ("import commprof.analyzers, commprof.analyzers.scaling, commprof.render\n"
             "assert commprof.analyzers.__file__.startswith({t!r}), commprof.analyzers.__file__\n"
