@@ -106,3 +106,38 @@ def test_a_recorded_two_rank_job_uses_them(record):
         # the same bucket has the same sequence number on both ranks (cross-rank matching)
         a, b = (d[d["rank"] == r].set_index("seq")["bytes"] for r in (0, 1))
         assert a.sort_index().equals(b.sort_index())
+
+
+def test_native_hooks_are_unregistered_with_the_session(tmp_path):
+    """After session.stop() the C++ hooks are off the process group: DDP
+    steps then leave nothing in their buffer (which the hooks object still
+    shares with the lambdas torch would call)."""
+    assert native.built()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        # no periodic flush: the writer does not drain the buffer under the test's feet
+        sess = session.start(Config(out_dir=str(tmp_path / "out"), run_id="t", flush_interval=3600),
+                             hook_exits=False)
+        sess.install_for("torch")
+        model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def steps(n):
+            for _ in range(n):
+                model(torch.randn(4, 16)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+
+        steps(2)
+        (hooks,) = sess.instruments["ddp"]._pg_hooked.values()
+        ext = hooks.native
+        ext.drain()
+        steps(1)
+        assert len(ext.drain()) == 1  # recording: one bucket per step
+        session.stop()
+        steps(3)
+        assert ext.drain() == [] and ext.in_flight() == 0
+    finally:
+        session.stop()
+        dist.destroy_process_group()
