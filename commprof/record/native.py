@@ -31,15 +31,17 @@ _loaded = None  # the module, False when tried and missing, None before trying
 
 
 def _torch_version() -> Optional[str]:
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch.__version__
+    """The installed torch's version, the same whether torch is imported or
+    not: the launcher (no torch) builds where the ranks (torch imported)
+    look. The distribution's metadata first (``torch.__version__`` may add a
+    local suffix the metadata lacks), the module's only without metadata."""
     try:
         from importlib.metadata import version
 
         return version("torch")
     except Exception:
-        return None
+        torch = sys.modules.get("torch")
+        return getattr(torch, "__version__", None)
 
 
 def build_dir() -> Optional[str]:

@@ -141,3 +141,16 @@ def test_native_hooks_are_unregistered_with_the_session(tmp_path):
     finally:
         session.stop()
         dist.destroy_process_group()
+
+
+def test_the_launcher_builds_where_the_ranks_look():
+    """`commprof record` decides where to build without importing torch; a
+    rank, with torch imported, must look in the same place."""
+    import subprocess
+    import sys
+
+    code = "import sys; from commprof.record import native; print(native.build_dir()); print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    without_torch, imported = proc.stdout.split()
+    assert imported == "False"
+    assert without_torch == native.build_dir()  # this process has torch imported
