@@ -9,7 +9,7 @@ completion time from a C++ callback on the work's future) and keep the rows
 in a buffer that the journal writer drains at each flush.
 
 The extension is built once per (torch, Python, source) with
-``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~30 s on 2 cores)
+``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~40 s on 2 cores)
 by ``commprof record`` before it starts the job, or by :func:`build`, into
 ``$COMMPROF_NATIVE_DIR`` (default ``~/.cache/commprof/native/<key>``). A
 recorded rank never compiles: it loads the extension if it is there and
@@ -61,12 +61,11 @@ def build_dir() -> Optional[str]:
 
 
 def _library(directory: str) -> Optional[str]:
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:  # ".so" among them
         path = os.path.join(directory, NAME + suffix)
         if os.path.exists(path):
             return path
-    path = os.path.join(directory, NAME + ".so")
-    return path if os.path.exists(path) else None
+    return None
 
 
 def built() -> bool:
