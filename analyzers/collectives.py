@@ -27,6 +27,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
+from ..trace.ops import bus_factor  # noqa: F401  (the report's busbw factors: nccl-tests')
 from .events import device_times
 from .sketch import Sketch
 
@@ -49,18 +50,6 @@ def size_label(i: int) -> str:
 
 def size_bucket(nbytes: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.array(SIZE_EDGES[1:]), np.nan_to_num(nbytes, nan=0), side="right")
-
-
-def bus_factor(op: str, n) -> np.ndarray:
-    n = np.asarray(n, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if op == "all_reduce":
-            return np.where(n > 0, 2.0 * (n - 1) / n, np.nan)
-        if op in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
-            return np.where(n > 0, (n - 1) / n, np.nan)
-        if op in ("broadcast", "reduce"):
-            return np.ones_like(n)
-    return np.full_like(n, np.nan)
 
 
 def per_call(events: pd.DataFrame) -> pd.DataFrame:

@@ -22,6 +22,8 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
+from ..trace.ops import bus_factor
+
 HOST_COLUMNS = ["host", "ranks", "step_ms", "work_ms", "comm_pct", "data_pct", "compute_pct",
                 "lateness_ms", "last_pct", "inter_busbw_GBps"]
 SCOPE_COLUMNS = ["op", "scope", "calls", "bytes_per_call", "lat_ms_p50", "busbw_GBps"]
@@ -46,8 +48,6 @@ def group_scope(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> Dict[str
 
 def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataFrame:
     """Per (op, scope): calls, bytes, median latency and busbw (nccl-tests factors)."""
-    from .collectives import bus_factor
-
     if comm is None or comm.empty or "name" not in comm:
         return pd.DataFrame(columns=SCOPE_COLUMNS)
     scope = group_scope(comm, hosts)
@@ -92,8 +92,6 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
 
 def _host_busbw(comm, hosts, h) -> float:
     """Median busbw of this host's ranks' inter-node all_reduce calls."""
-    from .collectives import bus_factor
-
     if comm is None or comm.empty:
         return np.nan
     scope = group_scope(comm, hosts)

@@ -17,14 +17,13 @@ communication is what the backward did not hide; weak scaling keeps the
 per-rank batch, strong scaling shrinks per-rank data, forward and backward
 time (and the ready instants) by N_measured / N.
 
-Communication models (:class:`CommModel`): ring collectives, ``T(S, N) =
-hop x (N - 1) + S x f(N) / B`` with the nccl-tests bus factor f (2(N-1)/N
-for all_reduce, (N-1)/N for reduce_scatter / all_gather, 1 for broadcast);
-``hop`` and the bus bandwidth B fitted to the measured collectives' transfer
-times (completion - last arrival, so waiting for late ranks is not counted
-twice), taken from a ``commprof bench`` model (exact at its own N,
-ring-extrapolated elsewhere), or from a network a user describes (intra-
-and inter-node bandwidth and latency, GPUs per node).
+Communication: every bucket's and blocking collective's time at N comes
+from the one cost model of :mod:`commprof.analyzers.collmodel` (NCCL's
+Ring / Tree with its protocols, gloo's ring; fitted to the measured
+collectives' busy periods, to ``commprof bench`` results or nccl-tests
+logs, or a network a user describes). The prediction interval is the
+replay's spread over repetitions with the model's interval (its plausible
+forms and the terms' standard errors) at both ends.
 
 Pure: numpy / pandas in, arrays and DataFrames out."""
 from __future__ import annotations
@@ -37,19 +36,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from . import collmodel as cost
 from .buckets import _union_ns
 
 NS = 1e9
-
-
-def bus_factor(op: str, n: int) -> float:
-    if n <= 1:
-        return 0.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("reduce_scatter", "all_gather", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
 
 
 # -- step structure ---------------------------------------------------------------
@@ -160,127 +150,6 @@ def structure(events: pd.DataFrame, world: int, batch: Optional[float], warmup: 
 
 
 # -- communication models ----------------------------------------------------------
-@dataclass
-class CommModel:
-    """Ring-collective time: hop x (N - 1) + S x f(N) / B (seconds)."""
-    hop_s: float = 0.0
-    bus_Bps: float = float("inf")
-    #: intra-node bus bandwidth and hop latency (None: same as across nodes)
-    intra_Bps: Optional[float] = None
-    intra_hop_s: Optional[float] = None
-    gpus_per_node: int = 1
-    #: relative uncertainty of a prediction (the fit's summed |residual| / summed time)
-    rel_err: float = 0.0
-    source: str = "fit"
-    #: exact pieces at one N (a commprof bench model): {op: pieces}, at bench_n
-    bench: Optional[Dict[str, list]] = None
-    bench_n: int = 0
-    bw_scale: float = 1.0
-    lat_scale: float = 1.0
-    points: int = 0
-
-    def time(self, op: str, nbytes: float, n: int) -> float:
-        if n <= 1:
-            return 0.0
-        f = bus_factor(op, n)
-        if self.bench and op in self.bench:
-            from .alphabeta import predict
-
-            pieces = self.bench[op]
-            tb = predict(pieces, nbytes)
-            alpha = pieces[0]["alpha_s"] if nbytes <= pieces[0]["max_bytes"] or len(pieces) == 1 else \
-                pieces[-1]["alpha_s"]
-            nb = self.bench_n
-            if n == nb:
-                return (alpha * self.lat_scale) + (tb - alpha) / self.bw_scale
-            fb = bus_factor(op, nb) or 1.0
-            return alpha * (n - 1) / max(nb - 1, 1) * self.lat_scale + (tb - alpha) * f / fb / self.bw_scale
-        inter = n > self.gpus_per_node
-        bw = self.bus_Bps if inter or self.intra_Bps is None else self.intra_Bps
-        hop = self.hop_s if inter or self.intra_hop_s is None else self.intra_hop_s
-        return hop * (n - 1) * self.lat_scale + nbytes * f / (bw * self.bw_scale)
-
-    def describe(self) -> str:
-        if self.bench:
-            return f"commprof bench model at {self.bench_n} ranks (ring-extrapolated to other N)"
-        parts = [f"bus {self.bus_Bps / 1e9:.4g} GB/s, {self.hop_s * 1e6:.3g} us per ring hop"]
-        if self.intra_Bps:
-            parts.append(f"intra-node {self.intra_Bps / 1e9:.4g} GB/s up to {self.gpus_per_node} GPUs per node")
-        return f"{self.source}: " + "; ".join(parts)
-
-
-def busy_periods(instances: pd.DataFrame) -> pd.DataFrame:
-    """Collective instances (columns: group, seq, op, bytes, group_size,
-    last_issue_s, end_s) grouped into busy periods of each group's
-    communication: a period starts with an instance issued (by its last
-    rank) after every earlier one had completed, and ends when the last
-    of its instances completes. A work-conserving link (one stream in
-    order, NCCL; several at once sharing the bandwidth, gloo) is busy
-    for the sum of its collectives' times over a period, whatever the
-    order of completion — so each period gives one linear equation:
-    duration = hop x sum(N - 1) + sum(S x f(N)) / B."""
-    rows = []
-    for (_g, n), d in instances.sort_values(["group", "seq"]).groupby(["group", "group_size"], sort=False):
-        issue = d["last_issue_s"].to_numpy(np.float64)
-        end = d["end_s"].to_numpy(np.float64)
-        x2 = np.array([b * bus_factor(o, int(n)) for o, b in zip(d["op"], d["bytes"])])
-        p_start, p_end, hops, bus = issue[0], end[0], n - 1, x2[0]
-        for i in range(1, len(d)):
-            if issue[i] >= p_end:      # idle before: the period closes
-                rows.append((int(n), p_end - p_start, hops, bus))
-                p_start, p_end, hops, bus = issue[i], end[i], 0, 0.0
-            p_end = max(p_end, end[i])
-            hops += n - 1
-            bus += x2[i]
-        rows.append((int(n), p_end - p_start, hops, bus))
-    return pd.DataFrame(rows, columns=["group_size", "duration_s", "hops", "bus_bytes"])
-
-
-#: collectives every rank takes part in symmetrically (a broadcast's root
-#: may finish before its receivers have arrived: not a transfer time)
-SYMMETRIC = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-
-
-def fit_comm(instances: pd.DataFrame) -> CommModel:
-    """Fit hop latency and bus bandwidth to the busy periods of the
-    measured symmetric collectives (:func:`busy_periods`): least squares on
-    the periods' durations (what the step time is made of; small messages
-    weigh little, their relative error is large and matters little);
-    latency 0 where the data cannot resolve it. ``rel_err`` = summed
-    |residual| / summed duration."""
-    d = instances[(instances["bytes"] > 0) & (instances["group_size"] > 1)
-                  & instances["op"].isin(SYMMETRIC)]
-    if d.empty:
-        d = instances[(instances["bytes"] > 0) & (instances["group_size"] > 1)]
-    if d.empty:
-        raise ValueError("no collective with a size and a group of >= 2 ranks to fit the network from")
-    p = busy_periods(d)
-    p = p[p["duration_s"] > 0]
-    if p.empty:
-        raise ValueError("no collective with a positive duration to fit the network from")
-    x1, x2 = p["hops"].to_numpy(np.float64), p["bus_bytes"].to_numpy(np.float64)
-    t = p["duration_s"].to_numpy(np.float64)
-    hop, inv_b = 0.0, None
-    if len(p) >= 3 and np.ptp(x2 / np.maximum(x1, 1)) > 0:
-        a = np.stack([x1, x2], axis=1)
-        sol, *_ = np.linalg.lstsq(a, t, rcond=None)
-        hop, inv_b = float(sol[0]), float(sol[1])
-        # the hop latency is kept only where the data resolve it (t-statistic >= 3): extrapolated to
-        # 1,000 ranks, a latency that is noise in the fit would dominate every prediction
-        sigma2 = float(((a @ sol - t) ** 2).sum()) / max(len(t) - 2, 1)
-        try:
-            se = math.sqrt(max(sigma2 * np.linalg.inv(a.T @ a)[0, 0], 0.0))
-        except np.linalg.LinAlgError:
-            se = float("inf")
-        if hop < 0 or inv_b <= 0 or (se > 0 and hop / se < 3):
-            hop, inv_b = 0.0, None
-    if inv_b is None:
-        inv_b = float(np.sum(x2 * t) / np.sum(x2 * x2))
-    rel = float(np.abs(hop * x1 + x2 * inv_b - t).sum() / t.sum())
-    return CommModel(hop_s=hop, bus_Bps=1.0 / inv_b, rel_err=rel,
-                     source="fitted to the measured collectives", points=int(len(p)))
-
-
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 1024.0, "mi": 1024.0 ** 2, "gi": 1024.0 ** 3,
            "ti": 1024.0 ** 4}
 _TIMES = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -303,10 +172,11 @@ def _duration(text: str) -> float:
     return float(m.group(1)) * _TIMES[m.group(2)]
 
 
-def network_model(spec: str) -> CommModel:
+def network_terms(spec: str) -> Tuple[cost.Fixed, Optional[int]]:
     """A network a user describes: ``bw=25GB/s,latency=5us,gpus_per_node=8,
-    intra_bw=150GB/s,intra_latency=2us`` (bw: bus bandwidth per rank across
-    nodes; latency: per ring hop)."""
+    intra_bw=150GB/s,intra_latency=2us,base=8us`` (bw: bus bandwidth per rank
+    across nodes; latency: one ring step across nodes; intra_*: inside a
+    node) as fixed terms of the cost model, and the ranks per node."""
     kv = {}
     for part in spec.split(","):
         if not part.strip():
@@ -315,28 +185,33 @@ def network_model(spec: str) -> CommModel:
             raise ValueError(f"--network: expected KEY=VALUE, got {part!r}")
         k, v = part.split("=", 1)
         kv[k.strip()] = v.strip()
-    known = {"bw", "latency", "gpus_per_node", "intra_bw", "intra_latency"}
+    known = {"bw", "latency", "gpus_per_node", "intra_bw", "intra_latency", "base"}
     bad = sorted(set(kv) - known)
     if bad:
         raise ValueError(f"--network: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
     if "bw" not in kv:
         raise ValueError("--network needs bw=... (bus bandwidth per rank across nodes, e.g. bw=25GB/s)")
-    return CommModel(hop_s=_duration(kv.get("latency", "0us")), bus_Bps=_rate(kv["bw"]),
-                     intra_Bps=_rate(kv["intra_bw"]) if "intra_bw" in kv else None,
-                     intra_hop_s=_duration(kv["intra_latency"]) if "intra_latency" in kv else None,
-                     gpus_per_node=int(kv.get("gpus_per_node", 1)), source="network as described")
+    values = {"inter_bw": _rate(kv["bw"])}
+    if "latency" in kv:
+        values["inter_lat"] = _duration(kv["latency"])
+    if "intra_bw" in kv:
+        values["intra_bw"] = _rate(kv["intra_bw"])
+    if "intra_latency" in kv:
+        values["intra_lat"] = _duration(kv["intra_latency"])
+    if "base" in kv:
+        values["base"] = _duration(kv["base"])
+    try:
+        ppn = int(kv["gpus_per_node"]) if "gpus_per_node" in kv else None
+    except ValueError:
+        raise ValueError(f"--network: gpus_per_node={kv['gpus_per_node']!r} is not a whole number")
+    return cost.Fixed(values, "described"), ppn
 
 
-def bench_model(doc: dict, dtype: str = "float32") -> CommModel:
-    """A ``commprof bench --model`` JSON document."""
-    ops = {}
-    for op, by_dtype in (doc.get("ops") or {}).items():
-        pieces = by_dtype.get(dtype) or next(iter(by_dtype.values()), None)
-        if pieces:
-            ops[op] = pieces
-    if not ops:
-        raise ValueError("the bench model has no fitted collective")
-    return CommModel(bench=ops, bench_n=int(doc.get("world_size") or 2), source="commprof bench model")
+def network_model(spec: str, backend: str = "nccl") -> cost.CostModel:
+    """The cost model of a described network alone (latencies not described:
+    NCCL's constants; intra-node bandwidth not described: the network's)."""
+    fixed, ppn = network_terms(spec)
+    return cost.described(fixed, backend, ppn or 1)
 
 
 # -- what-ifs ----------------------------------------------------------------------
@@ -410,9 +285,12 @@ class Replayed:
     hi_s: float
     shares: Dict[str, float]      # exposed shares of step time, %
     batch: float                  # per-rank batch
+    comm_lo: float = float("nan")  # exposed communication share at the interval's ends, %
+    comm_hi: float = float("nan")
+    algorithm: str = ""           # the collectives' algorithms at N
 
 
-def replay(st: Structure, n: int, comm: CommModel, steps: int = 60, reps: int = 24, seed: int = 0,
+def replay(st: Structure, n: int, comm: "cost.CostModel", steps: int = 60, reps: int = 24, seed: int = 0,
            mode: str = "weak", what_if: Optional[WhatIf] = None, jitter: bool = True) -> Replayed:
     """Mean step time (and a 5-95 % interval) of ``st`` replayed on ``n``
     ranks. ``jitter=False`` replays every rank with the sample mean (no
@@ -423,21 +301,24 @@ def replay(st: Structure, n: int, comm: CommModel, steps: int = 60, reps: int = 
     scale = st.world / n if mode == "strong" else 1.0
     batch = st.batch * scale
     cm = replace(comm, bw_scale=comm.bw_scale * w.bw_scale, lat_scale=comm.lat_scale * w.lat_scale)
-    t_bucket = np.array([cm.time(op, s, n) for op, s in zip(st.ops, st.sizes)])
-    t_block_pre = sum(cm.time(op, s, n) for op, s, where in st.blocking if where == "pre")
-    t_block_post = sum(cm.time(op, s, n) for op, s, where in st.blocking if where != "pre")
+    est = [cm.estimate(op, s, n) for op, s in zip(st.ops, st.sizes)]
+    blk = [(cm.estimate(op, s, n), where) for op, s, where in st.blocking]
+    key = {"point": "time_s", "lo": "lo_s", "hi": "hi_s"}
+    t_bucket = {b: np.array([e[k] for e in est]) for b, k in key.items()}
+    t_pre = {b: sum(e[k] for e, where in blk if where == "pre") for b, k in key.items()}
+    t_post = {b: sum(e[k] for e, where in blk if where != "pre") for b, k in key.items()}
     pre = (st.pre - st.data - st.forward) + (st.data + st.forward) * scale
     bwd, ready = st.backward * scale, st.ready * scale
     cols = ("pre", "bwd", "post", "data", "forward", "optimizer")
     arrays = dict(pre=pre, bwd=bwd, post=st.post, data=st.data * scale, forward=st.forward * scale,
                   optimizer=st.optimizer)
 
-    def one(factor: float, rep_seed: int):
+    def one(bound: str, rep_seed: int):
         r = np.random.default_rng(rep_seed)
         t = np.zeros(n)
         total = np.zeros(n)
         sums = dict.fromkeys(cols, 0.0)
-        tb = t_bucket * factor
+        tb, tpre, tpost = t_bucket[bound], t_pre[bound], t_post[bound]
         for _ in range(steps):
             if jitter:
                 idx = r.integers(0, st.samples, size=n)
@@ -450,7 +331,7 @@ def replay(st: Structure, n: int, comm: CommModel, steps: int = 60, reps: int = 
                 rd = np.repeat(ready.mean(axis=0, keepdims=True), n, axis=0) if st.buckets else None
                 for c in cols:
                     sums[c] += float(arrays[c].mean() * n)
-            bstart = t + p + t_block_pre * factor
+            bstart = t + p + tpre
             bend = bstart + b
             end = 0.0
             if st.buckets and n > 1:
@@ -461,22 +342,33 @@ def replay(st: Structure, n: int, comm: CommModel, steps: int = 60, reps: int = 
                 for k in range(st.buckets):
                     end = max(avail[k], end) + tb[k]
             done = np.maximum(bend, end) if (st.buckets and n > 1) else bend
-            t_next = done + q + t_block_post * factor
+            t_next = done + q + tpost
             total += t_next - t
             t = t_next
         return total.sum() / (n * steps), sums
 
+    def comm_share(mean_step: float, sums) -> float:
+        busy = (sums["pre"] + sums["bwd"] + sums["post"]) / (mean_step * steps * n) * 100
+        return max(0.0, 100 - busy)
+
     means, sums = [], None
     for k in range(reps):
-        m, s_ = one(1.0, seed * 1000 + k)
+        m, s_ = one("point", seed * 1000 + k)
         means.append(m)
         sums = s_ if sums is None else {c: sums[c] + s_[c] for c in cols}
     step = float(np.mean(means))
-    lo_f, hi_f = max(0.0, 1 - 2 * comm.rel_err), 1 + 2 * comm.rel_err
-    lo = float(np.percentile([one(lo_f, seed * 1000 + k)[0] for k in range(max(4, reps // 3))], 5)) \
-        if comm.rel_err and n > 1 else float(np.percentile(means, 5))
-    hi = float(np.percentile([one(hi_f, seed * 1000 + k)[0] for k in range(max(4, reps // 3))], 95)) \
-        if comm.rel_err and n > 1 else float(np.percentile(means, 95))
+    ends = {}
+    for bound in ("lo", "hi"):
+        runs = [one(bound, seed * 1000 + k) for k in range(max(4, reps // 3))] if n > 1 else []
+        ends[bound] = runs
+    if ends["lo"]:
+        lo = float(np.percentile([m for m, _ in ends["lo"]], 5))
+        hi = float(np.percentile([m for m, _ in ends["hi"]], 95))
+        comm_lo = float(np.mean([comm_share(m, s_) for m, s_ in ends["lo"]]))
+        comm_hi = float(np.mean([comm_share(m, s_) for m, s_ in ends["hi"]]))
+    else:
+        lo, hi = float(np.percentile(means, 5)), float(np.percentile(means, 95))
+        comm_lo = comm_hi = float("nan")
     count = reps * steps * n
     total_time = step * count
     data = sums["data"] / total_time * 100
@@ -484,8 +376,14 @@ def replay(st: Structure, n: int, comm: CommModel, steps: int = 60, reps: int = 
     busy = (sums["pre"] + sums["bwd"] + sums["post"]) / total_time * 100
     comm_pct = max(0.0, 100 - busy)
     other = max(0.0, busy - data - compute)
+    algos: Dict[str, int] = {}
+    for e in est + [e for e, _w in blk]:
+        algos[str(e["algorithm"])] = algos.get(str(e["algorithm"]), 0) + 1
+    algorithm = ", ".join(f"{a} x{c}" if c > 1 else a for a, c in algos.items() if a != "-")
     return Replayed(n=n, step_s=step, lo_s=min(lo, step), hi_s=max(hi, step),
-                    shares={"comm": comm_pct, "data": data, "compute": compute, "other": other}, batch=batch)
+                    shares={"comm": comm_pct, "data": data, "compute": compute, "other": other}, batch=batch,
+                    comm_lo=min(comm_lo, comm_pct) if comm_lo == comm_lo else comm_lo,
+                    comm_hi=max(comm_hi, comm_pct) if comm_hi == comm_hi else comm_hi, algorithm=algorithm)
 
 
 def measured_row(st: Structure) -> Dict[str, float]:
@@ -502,11 +400,12 @@ def measured_row(st: Structure) -> Dict[str, float]:
 # -- prediction tables ---------------------------------------------------------------
 PREDICT_COLUMNS = ["config", "gpus", "kind", "scenario", "step_ms", "step_ms_lo", "step_ms_hi", "samples_per_s",
                    "samples_per_s_lo", "samples_per_s_hi", "gain_pct",
-                   "speedup", "efficiency_pct", "comm_pct", "data_pct", "compute_pct", "other_pct", "batch_per_rank",
-                   "source_gpus", "comm_model"]
+                   "speedup", "efficiency_pct", "comm_pct", "comm_pct_lo", "comm_pct_hi", "data_pct", "compute_pct",
+                   "other_pct", "batch_per_rank", "source_gpus", "algorithm", "comm_model"]
 
 
-def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int], comm_for: Callable[[str], CommModel],
+def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int],
+                  comm_for: Callable[[str], "cost.CostModel"],
                   mode: str = "weak", what_ifs: Sequence[WhatIf] = (), steps: int = 60, reps: int = 24,
                   seed: int = 0) -> pd.DataFrame:
     """Measured rows for each run, predicted rows for each target N (the
@@ -524,14 +423,14 @@ def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int],
         for st in sts:
             m = measured_row(st)
             rows.append(_row(config, st.world, "measured", "", m["step_s"], m["step_s"], m["step_s"], st.batch,
-                             m, base_tput, st.world, ""))
+                             m, base_tput, st.world, "", m["comm"], m["comm"], ""))
         src = next((s for s in reversed(sts) if s.buckets), sts[-1])
         for n in targets:
             for w in [None] + list(what_ifs):
                 r = replay(src, n, comm, steps=steps, reps=reps, seed=seed, mode=mode, what_if=w)
                 rows.append(_row(config, n, "predicted" if w is None else "what-if", w.name if w else "",
                                  r.step_s, r.lo_s, r.hi_s, r.batch, r.shares, base_tput, src.world,
-                                 comm.describe()))
+                                 comm.describe(), r.comm_lo, r.comm_hi, r.algorithm))
     out = pd.DataFrame(rows, columns=PREDICT_COLUMNS)
     # what-ifs: step time gained against the plain prediction at the same N
     base = out[out["kind"] == "predicted"].set_index(["config", "gpus"])["step_ms"]
@@ -542,16 +441,18 @@ def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int],
     return out
 
 
-def _row(config, n, kind, scenario, step, lo, hi, batch, shares, base_tput, source_gpus, comm_desc):
+def _row(config, n, kind, scenario, step, lo, hi, batch, shares, base_tput, source_gpus, comm_desc, comm_lo,
+         comm_hi, algorithm):
     tput = n * batch / step if step > 0 else float("nan")
     return {"config": config, "gpus": int(n), "kind": kind, "scenario": scenario, "step_ms": step * 1e3,
             "step_ms_lo": lo * 1e3, "step_ms_hi": hi * 1e3, "samples_per_s": tput,
             "samples_per_s_lo": n * batch / hi if hi > 0 else float("nan"),
             "samples_per_s_hi": n * batch / lo if lo > 0 else float("nan"), "gain_pct": float("nan"),
             "speedup": tput / base_tput if base_tput else float("nan"), "efficiency_pct": float("nan"),
-            "comm_pct": shares["comm"], "data_pct": shares["data"], "compute_pct": shares["compute"],
+            "comm_pct": shares["comm"], "comm_pct_lo": comm_lo, "comm_pct_hi": comm_hi,
+            "data_pct": shares["data"], "compute_pct": shares["compute"],
             "other_pct": shares["other"], "batch_per_rank": batch, "source_gpus": int(source_gpus),
-            "comm_model": comm_desc}
+            "algorithm": algorithm, "comm_model": comm_desc}
 
 
 def add_efficiency(table: pd.DataFrame, base: Dict[str, Tuple[int, float]]) -> pd.DataFrame:
@@ -572,15 +473,18 @@ class Validation:
 
 
 VALIDATE_COLUMNS = ["config", "mode", "gpus", "from_gpus", "measured_ms", "predicted_ms", "step_err_pct",
-                    "tput_err_pct", "comm_err_pp", "data_err_pp", "compute_err_pp", "comm_model"]
+                    "tput_err_pct", "comm_err_pp", "data_err_pp", "compute_err_pp", "coll_err_pct", "comm_model"]
 
 
-def validate(runs: Sequence[Tuple[str, Structure, pd.DataFrame]], steps: int = 60, reps: int = 24,
-             seed: int = 0, comm_override: Optional[CommModel] = None) -> Validation:
+def validate(runs: Sequence[Tuple[str, Structure, pd.DataFrame]],
+             fit_for: Callable[[str, List[pd.DataFrame]], "cost.CostModel"], steps: int = 60, reps: int = 24,
+             seed: int = 0) -> Validation:
     """Predict each measured size from the others: leave-one-out (structure
-    from the nearest other run with buckets, network fitted to the others'
-    collectives) and from the smallest two runs only. ``runs``: (config,
-    structure, collective instances) per run."""
+    from the nearest other run with buckets, the cost model fitted to the
+    others' collectives by ``fit_for(config, instances)``) and from the
+    smallest two runs only. ``runs``: (config, structure, collective
+    instances) per run. ``coll_err_pct``: the median |error| of the cost
+    model alone on the held-out run's busy periods."""
     rows = []
     by_config: Dict[str, List[Tuple[Structure, pd.DataFrame]]] = {}
     for config, st, inst in runs:
@@ -601,15 +505,25 @@ def validate(runs: Sequence[Tuple[str, Structure, pd.DataFrame]], steps: int = 6
             target = members[i][0]
             srcs = [members[j][0] for j in use if members[j][0].buckets]
             insts = [members[j][1] for j in use if len(members[j][1])]
-            if target.world > 1 and (not srcs or (not insts and comm_override is None)):
+            if target.world > 1 and not srcs:
                 continue
             if not srcs:
                 srcs = [members[j][0] for j in use]
             src = min(srcs, key=lambda s: (abs(s.world - target.world), -s.world))
             try:
-                comm = comm_override or (fit_comm(pd.concat(insts, ignore_index=True)) if insts else CommModel())
+                comm = fit_for(config, insts)
             except ValueError:
                 continue
+            coll_err = float("nan")
+            held = members[i][1]
+            if len(held):
+                periods = cost.busy_periods(held)
+                if len(periods):
+                    pred = cost.predict_obs(comm.fits[comm.best], periods)
+                    meas = np.asarray(periods.time_s)
+                    ok = meas > 0
+                    if ok.any():
+                        coll_err = float(np.median(np.abs(pred[ok] - meas[ok]) / meas[ok]) * 100)
             r = replay(src, target.world, comm, steps=steps, reps=reps, seed=seed)
             m = measured_row(target)
             tput_m = target.world * target.batch / m["step_s"]
@@ -619,11 +533,12 @@ def validate(runs: Sequence[Tuple[str, Structure, pd.DataFrame]], steps: int = 6
                          "step_err_pct": 100 * (r.step_s - m["step_s"]) / m["step_s"],
                          "tput_err_pct": 100 * (tput_p - tput_m) / tput_m,
                          "comm_err_pp": r.shares["comm"] - m["comm"], "data_err_pp": r.shares["data"] - m["data"],
-                         "compute_err_pp": r.shares["compute"] - m["compute"], "comm_model": comm.describe()})
+                         "compute_err_pp": r.shares["compute"] - m["compute"], "coll_err_pct": coll_err,
+                         "comm_model": comm.describe()})
     t = pd.DataFrame(rows, columns=VALIDATE_COLUMNS)
     summary = {}
     if len(t):
         e = t["step_err_pct"].abs()
         summary = {"median_abs_step_err_pct": float(e.median()), "max_abs_step_err_pct": float(e.max()),
-                   "cases": int(len(t))}
+                   "median_coll_err_pct": float(t["coll_err_pct"].median()), "cases": int(len(t))}
     return Validation(t, summary)

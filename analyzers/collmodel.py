@@ -1,0 +1,751 @@
+"""One cost model of collective communication, after NCCL's own tuner.
+
+NCCL (``src/graph/tuning.cc``) times every call of every (algorithm,
+protocol) as ``latency + bytes / bandwidth`` and runs the fastest. This
+module does the same with the few terms a measurement can resolve, and is
+what ``commprof model``, ``commprof predict``, ``commprof bench --model``
+and ``commprof import nccl-tests --model`` use (op names and bus factors
+come from :mod:`commprof.trace.ops`).
+
+Topology: ``ranks`` in all, ``ppn`` ranks per node, ``nodes = ceil(ranks /
+ppn)``. Terms (the model's parameters, all >= 0):
+
+=============  ===============================================================
+``base``       per-call latency (Ring / Simple; other algorithm-protocol pairs
+               scale it by NCCL's ``baseLat`` ratios)
+``intra_lat``  latency of one step between ranks of a node (Ring / Simple,
+               NVLink; other pairs by NCCL's ``hwLat`` ratios)
+``inter_lat``  latency of one step across nodes (Ring / Simple, network)
+``intra_bw``   bus bandwidth inside one node (Ring / Simple)
+``inter_bw``   bus bandwidth per rank across nodes (Ring / Simple)
+=============  ===============================================================
+
+Algorithms, as in ``tuning.cc`` (n ranks, m nodes, p ranks per node):
+
+- **Ring** all_reduce: ``2(n - 1)`` steps, ``2(m - 1)`` of them across nodes;
+  reduce_scatter / all_gather: ``n - 1`` steps, ``m - 1`` across; broadcast /
+  reduce: a pipelined chain, one step's latency per rank. Bytes:
+  ``S x f(n) / busbw`` with the nccl-tests bus factor f.
+- **Tree** (all_reduce only): latency ``base + 2 ((p - 1) intra + log2(m)
+  inter)``; algorithm bandwidth half the tree's bus bandwidth, which is 0.92
+  of the ring's, times NCCL's size-dependent tree correction; across
+  exactly two nodes twice that (each byte crosses the network once per
+  direction, where a ring's and a larger tree's cross it twice).
+- **Protocols** LL / LL128 / Simple: NCCL's latency ratios and bandwidth
+  factors (LL 1/4 of Simple's bus bandwidth on a ring, LL128 0.92 (0.7 with
+  one rank per node), ...). Small messages go LL, large ones Simple.
+- **gloo** runs a ring with one protocol (no tree): the same terms, no
+  protocol switch.
+
+Model *forms*: ``nccl`` (Ring and Tree, fastest per call), ``ring`` (Ring
+only, the flat-ring form) and ``hockney`` (a latency that does not grow with
+N plus ``S x f(n) / busbw``: the constant-busbw extrapolation); gloo has
+``ring`` and ``hockney``.
+
+Fitting (:func:`fit`): observations are sums of calls that took a measured
+time (one nccl-tests row; a busy period of a training trace's buckets);
+given each call's algorithm and protocol the time is linear in the terms
+(latencies and inverse bandwidths), so the fit alternates "choose the
+fastest (algorithm, protocol) per call" and a least-squares solve on
+relative residuals. Latency terms carry NCCL's published constants as
+priors (a Gaussian of 100 % width): where the data resolve a term it is
+theirs, where they do not (one node measured: no network; no small sizes:
+no latency) the prior remains — each term says which (``fitted`` or
+``prior``), with its standard error. Bandwidths have no prior: a scope
+that was not measured is taken from a described network or assumed equal
+to the measured one, and said so.
+
+Form selection (:func:`build`): each form is fitted leaving one measured N
+out and scored on it; the form with the smallest held-out error predicts,
+and every plausible form (held-out error within 1.5x the best's + 2
+points) spans the prediction interval, widened by the terms' standard
+errors and the fit's residual scatter.
+
+Pure: numpy / pandas in, arrays and DataFrames out."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from ..trace.ops import OPS, bus_factor, canonical  # noqa: F401  (re-exported: the model's op names)
+
+US = 1e-6
+TERMS = ("base", "intra_lat", "inter_lat", "intra_bw", "inter_bw")
+LATENCY_TERMS = TERMS[:3]
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+# -- NCCL's constants (src/graph/tuning.cc), microseconds -------------------------------
+#: baseLat[algorithm][protocol]
+BASE_LAT = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
+            "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}}
+#: hwLat[NVLINK | NET][algorithm][protocol]
+HW_LAT = {"intra": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
+                    "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}},
+          "inter": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
+                    "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}}}
+#: treeCorrectionFactor[protocol][log2(bytes / 64)] (sizes from 64 B to 256 MiB)
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .7, .7, .7, .7,
+              .7, .7),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}
+#: priors of the latency terms per backend (seconds; Ring / Simple, NVLink and network)
+PRIORS = {"nccl": {"base": BASE_LAT["ring"]["Simple"] * US, "intra_lat": HW_LAT["intra"]["ring"]["Simple"] * US,
+                   "inter_lat": HW_LAT["inter"]["ring"]["Simple"] * US},
+          # gloo over TCP: tens of microseconds per message (measured on loopback and veth links)
+          "gloo": {"base": 20 * US, "intra_lat": 25 * US, "inter_lat": 50 * US}}
+PRIOR_WIDTH = 1.0          # relative standard deviation of a latency prior
+
+FORMS = {"nccl": ("nccl", "ring", "hockney"), "gloo": ("ring", "hockney")}
+DEFAULT_FORM = {"nccl": "nccl", "gloo": "ring"}
+
+
+def backend_of(name: Optional[str]) -> str:
+    """``nccl`` (also nccl-tests, unknown GPU backends) or ``gloo``."""
+    n = str(name or "").lower()
+    return "gloo" if n in ("gloo", "mpi", "cpu", "gloo-cpu") else "nccl"
+
+
+def _log2i(x):
+    return np.floor(np.log2(np.maximum(x, 1))).astype(np.float64)
+
+
+# -- the design: per call and per (algorithm, protocol), the coefficients of the terms ---------------------
+@dataclass(frozen=True)
+class Choice:
+    algorithm: str
+    protocol: str
+
+    def __str__(self) -> str:
+        return f"{self.algorithm}/{self.protocol}"
+
+
+def choices(form: str, backend: str) -> List[Choice]:
+    protos = PROTOCOLS if backend == "nccl" else ("Simple",)
+    algos = ("ring", "tree") if form == "nccl" else ("ring",) if form == "ring" else ("flat",)
+    return [Choice(a, p) for a in algos for p in protos]
+
+
+def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tuple[np.ndarray, List[Choice]]:
+    """Coefficients of the terms (latencies in seconds, bandwidths as
+    seconds per byte) per call and choice: array (calls, choices, 5) with
+    time = coef . [base, intra_lat, inter_lat, 1/intra_bw, 1/inter_bw]. A
+    choice that cannot run a call (a tree for a broadcast) has infinite
+    coefficients."""
+    ops = np.asarray([canonical(o) for o in op], dtype=object)
+    s = np.asarray(nbytes, np.float64)
+    n = np.asarray(ranks, np.float64)
+    p = np.minimum(np.asarray(ppn, np.float64), n)
+    m = np.ceil(n / np.maximum(p, 1))
+    multi = m > 1
+    is_ar = ops == "all_reduce"
+    is_rs_ag = np.isin(ops, ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"))
+    f = np.ones_like(n)
+    for o in np.unique(ops):
+        sel = ops == o
+        fo = bus_factor(o, n[sel])
+        f[sel] = np.where(np.isfinite(fo), fo, 1.0)   # ops without a bus factor: moved once
+    # ring steps and the number of them that cross nodes
+    steps = np.where(is_ar, 2 * (n - 1), n - 1)
+    inter_steps = np.where(multi, np.where(is_ar, 2 * (m - 1), m - 1), 0.0)
+    intra_steps = np.maximum(steps - inter_steps, 0)
+    cs = choices(form, backend)
+    out = np.zeros((len(s), len(cs), 5))
+    ref_b, ref_i, ref_n = (BASE_LAT["ring"]["Simple"], HW_LAT["intra"]["ring"]["Simple"],
+                           HW_LAT["inter"]["ring"]["Simple"])
+    logsize = np.clip(_log2i(np.maximum(s, 1) / 64), 0, None).astype(int)
+    for k, c in enumerate(cs):
+        a = "ring" if c.algorithm == "flat" else c.algorithm
+        rb = BASE_LAT[a][c.protocol] / ref_b if backend == "nccl" else 1.0
+        ri = HW_LAT["intra"][a][c.protocol] / ref_i if backend == "nccl" else 1.0
+        rn = HW_LAT["inter"][a][c.protocol] / ref_n if backend == "nccl" else 1.0
+        bwf = _protocol_bw(c, backend, multi, p, is_ar)
+        if c.algorithm == "flat":        # hockney: latency constant in N, bytes at the bus bandwidth
+            lat = np.stack([np.full_like(n, rb), np.zeros_like(n), np.zeros_like(n)], axis=1)
+            byt = s * f / bwf
+        elif c.algorithm == "ring":
+            lat = np.stack([np.full_like(n, rb), intra_steps * ri, inter_steps * rn], axis=1)
+            byt = s * f / bwf
+        else:                             # tree: all_reduce only
+            lat = np.stack([np.full_like(n, rb), 2 * (p - 1) * ri, 2 * _log2i(m) * rn], axis=1)
+            corr = np.array(TREE_CORRECTION[c.protocol])[np.minimum(logsize, 22)]
+            corr = np.where(logsize < 23, corr, 1.0)
+            # across exactly two nodes a double binary tree sends each byte over the network once per
+            # direction (a ring twice, and so does a tree of more nodes, whose inner nodes have two children)
+            two = np.where(m == 2, 2.0, 1.0)
+            byt = s * 2.0 / (0.92 * bwf * corr * two)
+            lat[~is_ar] = np.inf
+            byt = np.where(is_ar, byt, np.inf)
+        out[:, k, :3] = lat
+        out[:, k, 3] = np.where(multi, 0.0, byt)
+        out[:, k, 4] = np.where(multi, byt, 0.0)
+        out[n <= 1, k, :] = 0.0          # one rank: nothing to communicate
+    return out, cs
+
+
+def _protocol_bw(c: Choice, backend: str, multi, p, is_ar):
+    """Bus bandwidth of (algorithm, protocol) relative to Ring / Simple (tuning.cc's refinements)."""
+    one = np.ones(np.shape(p))
+    if backend != "nccl" or c.protocol == "Simple":
+        return one
+    a = "ring" if c.algorithm == "flat" else c.algorithm
+    if a == "ring" and c.protocol == "LL":
+        return np.where(multi | is_ar, 1 / 4, 1 / 3)
+    if a == "ring" and c.protocol == "LL128":
+        return np.where(p < 2, 0.7, 0.92)
+    if a == "tree" and c.protocol == "LL":
+        return one / 3.8
+    return np.where(multi, 120 / 128, 7 / 9)          # tree LL128
+
+
+# -- measurements -------------------------------------------------------------------------------
+@dataclass
+class Measurements:
+    """Observations for the fit: each one a set of calls (op, bytes, ranks,
+    ranks per node) that took ``time_s`` together."""
+    op: List[str] = field(default_factory=list)
+    nbytes: List[float] = field(default_factory=list)
+    ranks: List[int] = field(default_factory=list)
+    ppn: List[int] = field(default_factory=list)
+    obs: List[int] = field(default_factory=list)      # per call: its observation
+    time_s: List[float] = field(default_factory=list)  # per observation
+    obs_ranks: List[int] = field(default_factory=list)
+    obs_ppn: List[int] = field(default_factory=list)
+    source: List[str] = field(default_factory=list)
+    #: per call: the algorithm the library was told to use (NCCL_ALGO=Ring), "" where it chose
+    forced: List[str] = field(default_factory=list)
+
+    def add(self, calls: Iterable[Tuple[str, float]], ranks: int, ppn: int, time_s: float, source: str = "",
+            forced: str = "") -> None:
+        k = len(self.time_s)
+        added = 0
+        for op, nb in calls:
+            self.op.append(canonical(op))
+            self.nbytes.append(float(nb))
+            self.ranks.append(int(ranks))
+            self.ppn.append(int(max(1, min(ppn, ranks))))
+            self.obs.append(k)
+            self.forced.append(str(forced or "").lower())
+            added += 1
+        if not added:
+            return
+        self.time_s.append(float(time_s))
+        self.obs_ranks.append(int(ranks))
+        self.obs_ppn.append(int(max(1, min(ppn, ranks))))
+        self.source.append(source)
+
+    def extend(self, other: "Measurements") -> None:
+        for i in range(len(other.time_s)):
+            sel = [j for j, o in enumerate(other.obs) if o == i]
+            self.add([(other.op[j], other.nbytes[j]) for j in sel], other.obs_ranks[i], other.obs_ppn[i],
+                     other.time_s[i], other.source[i], other.forced[sel[0]] if sel else "")
+
+    def __len__(self) -> int:
+        return len(self.time_s)
+
+    def subset(self, keep: np.ndarray) -> "Measurements":
+        """The observations where ``keep`` (bool per observation) is true."""
+        out = Measurements()
+        calls: Dict[int, List[Tuple[str, float]]] = {}
+        forced: Dict[int, str] = {}
+        for j, o in enumerate(self.obs):
+            calls.setdefault(o, []).append((self.op[j], self.nbytes[j]))
+            forced[o] = self.forced[j]
+        for i in np.flatnonzero(keep):
+            out.add(calls.get(int(i), []), self.obs_ranks[i], self.obs_ppn[i], self.time_s[i], self.source[i],
+                    forced.get(int(i), ""))
+        return out
+
+    @property
+    def nodes(self) -> np.ndarray:
+        r, p = np.asarray(self.obs_ranks, float), np.asarray(self.obs_ppn, float)
+        return np.ceil(r / np.maximum(p, 1))
+
+    def usable(self) -> "Measurements":
+        ok = (np.asarray(self.time_s) > 0) & (np.asarray(self.obs_ranks) > 1)
+        return self.subset(ok)
+
+
+# -- one fitted form ------------------------------------------------------------------------------
+@dataclass
+class Fit:
+    """The terms of one model form (seconds, bytes per second)."""
+    form: str
+    backend: str
+    theta: np.ndarray                 # [base, intra_lat, inter_lat, 1/intra_bw, 1/inter_bw]
+    cov: np.ndarray                   # covariance of theta
+    scatter: float                    # relative residual standard deviation of the observations
+    status: Dict[str, str]            # term -> fitted | prior | described | assumed (= ...) | unused
+    points: int = 0
+    ranks: Tuple[int, ...] = ()
+    nodes: Tuple[int, ...] = ()
+
+    def coef(self, op, nbytes, ranks, ppn) -> Tuple[np.ndarray, List[int], List[Choice]]:
+        d, cs = design(op, nbytes, ranks, ppn, self.form, self.backend)
+        t = d @ self.theta
+        k = np.argmin(np.where(np.isfinite(t), t, np.inf), axis=1)
+        return d[np.arange(len(k)), k], list(k), cs
+
+    def times(self, op, nbytes, ranks, ppn) -> Tuple[np.ndarray, List[Choice], np.ndarray]:
+        """Predicted time (s), the choice, and its standard error (s) per call."""
+        row, ks, cs = self.coef(op, nbytes, ranks, ppn)
+        t = row @ self.theta
+        se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", row, self.cov, row), 0.0))
+        return t, [cs[k] for k in ks], se
+
+    def term_values(self) -> Dict[str, float]:
+        th = self.theta
+        inv = lambda x: 1.0 / x if x > 0 else float("inf")  # noqa: E731
+        return {"base": th[0], "intra_lat": th[1], "inter_lat": th[2], "intra_bw": inv(th[3]),
+                "inter_bw": inv(th[4])}
+
+    def term_errors(self) -> Dict[str, float]:
+        se = np.sqrt(np.maximum(np.diag(self.cov), 0.0))
+        th = self.theta
+        # a bandwidth's standard error from its inverse's (delta method)
+        bw = [se[j] / th[j] ** 2 if th[j] > 0 else float("nan") for j in (3, 4)]
+        return {"base": se[0], "intra_lat": se[1], "inter_lat": se[2], "intra_bw": bw[0], "inter_bw": bw[1]}
+
+
+@dataclass
+class Fixed:
+    """Terms given from outside (``--network``) or carried over: seconds and bytes/s."""
+    values: Dict[str, float] = field(default_factory=dict)
+    source: str = "described"
+
+
+def _observation_matrix(ms: Measurements, form: str, backend: str):
+    d, cs = design(ms.op, ms.nbytes, ms.ranks, ms.ppn, form, backend)
+    forced = np.asarray(ms.forced, dtype=object)
+    for k, c in enumerate(cs):
+        # a call run with a forced algorithm is timed only by that algorithm (where the form has it)
+        other = (forced != "") & (forced != c.algorithm) & np.isin(forced, [x.algorithm for x in cs])
+        d[other, k, :] = np.inf
+    return d, cs, np.asarray(ms.obs, int), np.asarray(ms.time_s, np.float64)
+
+
+def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None, iterations: int = 30) -> Fit:
+    """Least squares on relative residuals with the latency priors, the
+    choice of (algorithm, protocol) per call re-made until it is stable."""
+    ms = ms.usable()
+    if not len(ms):
+        raise ValueError("no collective with a positive time on >= 2 ranks to fit the cost model to")
+    fixed = fixed or Fixed()
+    prior = dict(PRIORS[backend])
+    d, cs, obs, t = _observation_matrix(ms, form, backend)
+    n_obs = len(t)
+    # which bandwidth scopes the data see
+    seen = [bool((d[:, :, 3] > 0).any()), bool((d[:, :, 4] > 0).any())]
+    status: Dict[str, str] = {}
+    values = np.zeros(5)
+    free = np.ones(5, bool)
+    for j, name in enumerate(TERMS):
+        if name in fixed.values:
+            v = fixed.values[name]
+            values[j] = (1.0 / v if v > 0 else 0.0) if j >= 3 else v
+            free[j] = False
+            status[name] = fixed.source
+    if form == "hockney":                     # no per-step latency in this form
+        for j in (1, 2):
+            if free[j]:
+                free[j], values[j] = False, 0.0
+                status[TERMS[j]] = "unused"
+    # initial bandwidths: the largest calls' bus bandwidth in each scope
+    sizes = np.asarray(ms.nbytes)
+    for j, scope in ((3, "intra"), (4, "inter")):
+        if not free[j]:
+            continue
+        if not seen[j - 3]:
+            free[j] = False
+            continue
+        call_sel = d[:, 0, j] > 0
+        if not call_sel.any():
+            free[j] = False
+            continue
+        big = call_sel & (sizes >= np.percentile(sizes[call_sel], 75))
+        values[j] = float(np.median(t[obs[big]] / d[big, 0, j]))      # 1 / bus bandwidth
+    for j in (3, 4):                           # a scope nobody measured: the other one's, said so
+        if not free[j] and values[j] == 0 and TERMS[j] not in status:
+            other = 7 - j
+            status[TERMS[j]] = f"assumed (= {TERMS[other]})" if values[other] else "unused"
+            values[j] = values[other]
+    for j in range(3):
+        if free[j]:
+            values[j] = prior[TERMS[j]]
+    scale = np.where(values > 0, values, 1e-6)
+    best = None
+    s = 0.05
+    theta = values.copy()
+    for _ in range(iterations):
+        tt = d @ theta
+        k = np.argmin(np.where(np.isfinite(tt), tt, np.inf), axis=1)
+        row = d[np.arange(len(k)), k]
+        a = np.zeros((n_obs, 5))
+        np.add.at(a, obs, row)
+        theta_new, cov, s_new = _solve(a, t, theta, free, scale, prior, s)
+        obj = _objective(d, obs, t, theta_new, free, scale, prior, s_new)
+        if best is None or obj < best[0] - 1e-12:
+            best = (obj, theta_new, cov, s_new)
+        if np.allclose(theta_new, theta, rtol=1e-6, atol=0) and abs(s_new - s) < 1e-4:
+            break
+        theta, s = theta_new, s_new
+    _, theta, cov, s = best
+    if backend == "gloo" and not seen[1] and free[2] and form != "hockney":
+        # gloo measured inside one host: across hosts, the same TCP step latency (no better guess)
+        theta = theta.copy()
+        theta[2] = theta[1]
+        cov = cov.copy()
+        cov[2, :], cov[:, 2] = cov[1, :], cov[:, 1]
+        cov[2, 2] = cov[1, 1]
+        status["inter_lat"] = "assumed (= intra_lat)"
+    for j, name in enumerate(TERMS):
+        if name in status:
+            continue
+        if j < 3:
+            prior_sd = prior[name] * PRIOR_WIDTH
+            status[name] = "fitted" if math.sqrt(max(cov[j, j], 0)) < 0.5 * prior_sd else "prior"
+        else:
+            status[name] = "fitted"
+    return Fit(form=form, backend=backend, theta=theta, cov=cov, scatter=s, status=status, points=n_obs,
+               ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})))
+
+
+def _solve(a, t, theta, free, scale, prior, s):
+    """Weighted least squares for the free terms (relative residuals, priors
+    on the latencies), kept >= 0 by fixing negative terms at zero."""
+    free = free.copy()
+    for _ in range(6):
+        idx = np.flatnonzero(free)
+        x = a[:, idx] * scale[idx] / t[:, None]
+        y = (t - a[:, ~free] @ theta[~free]) / t if (~free).any() else np.ones_like(t)
+        rows, rhs = [x], [y]
+        for q, j in enumerate(idx):
+            if j < 3:                                   # prior: theta_j ~ N(mu, (mu * width)^2)
+                mu = prior[TERMS[j]]
+                w = s / (mu * PRIOR_WIDTH)
+                r = np.zeros(len(idx))
+                r[q] = w * scale[j]
+                rows.append(r[None, :])
+                rhs.append(np.array([w * mu]))
+        m = np.vstack(rows)
+        v = np.concatenate(rhs)
+        u, *_ = np.linalg.lstsq(m, v, rcond=None)
+        if (u >= 0).all() or not len(u):
+            break
+        neg = idx[u < 0]
+        free[neg] = False
+        theta = theta.copy()
+        theta[neg] = 0.0
+    out = theta.copy()
+    out[idx] = u * scale[idx]
+    resid = (a @ out - t) / t
+    dof = max(len(t) - len(idx), 1)
+    s_new = max(float(np.sqrt((resid ** 2).sum() / dof)), 0.01)
+    cov = np.zeros((5, 5))
+    try:
+        inv = np.linalg.inv(m.T @ m)
+        cu = inv * s_new ** 2
+        cov[np.ix_(idx, idx)] = cu * np.outer(scale[idx], scale[idx])
+    except np.linalg.LinAlgError:
+        cov[np.ix_(idx, idx)] = np.inf
+    return out, cov, s_new
+
+
+def _objective(d, obs, t, theta, free, scale, prior, s) -> float:
+    tt = d @ theta
+    row_t = np.min(np.where(np.isfinite(tt), tt, np.inf), axis=1)
+    pred = np.zeros(len(t))
+    np.add.at(pred, obs, row_t)
+    obj = float((((pred - t) / t) ** 2).sum())
+    for j in range(3):
+        if free[j]:
+            mu = prior[TERMS[j]]
+            obj += float(((theta[j] - mu) / (mu * PRIOR_WIDTH)) ** 2) * s ** 2
+    return obj
+
+
+def predict_obs(f: Fit, ms: Measurements) -> np.ndarray:
+    """Predicted time of each observation (sum over its calls)."""
+    t, _c, _se = f.times(ms.op, ms.nbytes, ms.ranks, ms.ppn)
+    out = np.zeros(len(ms.time_s))
+    np.add.at(out, np.asarray(ms.obs, int), t)
+    return out
+
+
+# -- the model: forms, selection by held-out N, intervals -----------------------------------------
+VALIDATION_COLUMNS = ["form", "held_out_ranks", "fitted_on", "points", "median_abs_err_pct", "max_abs_err_pct"]
+
+
+@dataclass
+class CostModel:
+    """The fitted forms of one backend, the form that predicts and the
+    plausible ones that span the interval."""
+    backend: str
+    fits: Dict[str, Fit]
+    best: str
+    plausible: List[str]
+    validation: pd.DataFrame
+    ppn: int = 1                      # ranks per node as measured (the default for predictions)
+    source: str = "fitted"
+    #: what-ifs: bandwidth and latency scales
+    bw_scale: float = 1.0
+    lat_scale: float = 1.0
+    #: ranks per node of the predictions (None: as measured)
+    gpus_per_node: Optional[int] = None
+    #: "point" (the best form), "lo" / "hi" (the interval's ends)
+    bound: str = "point"
+    note: str = ""
+
+    # the replay's interface ------------------------------------------------------------
+    def _ppn(self, n: int) -> int:
+        return int(self.gpus_per_node or self.ppn or 1)
+
+    def estimate(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None) -> Dict[str, object]:
+        """Point, interval and the choice of one call (seconds)."""
+        if n <= 1:
+            return {"time_s": 0.0, "lo_s": 0.0, "hi_s": 0.0, "algorithm": "-", "form": self.best}
+        p = int(ppn or self._ppn(n))
+        vals = {}
+        for name, f in self.fits.items():
+            t, c, se = f.times([op], [nbytes], [n], [p])
+            lat = _scaled(f, [op], [nbytes], [n], [p], self.bw_scale, self.lat_scale)
+            vals[name] = (float(lat[0]), str(c[0]), float(se[0]) * float(lat[0]) / max(float(t[0]), 1e-30),
+                          f.scatter)
+        t, choice, _se, _s = vals[self.best]
+        lo = min(v[0] - 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
+        hi = max(v[0] + 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
+        return {"time_s": t, "lo_s": max(min(lo, t), 0.0), "hi_s": max(hi, t), "algorithm": choice,
+                "form": self.best}
+
+    def time(self, op: str, nbytes: float, n: int) -> float:
+        e = self.estimate(op, nbytes, n)
+        return float(e["time_s"] if self.bound == "point" else e["lo_s"] if self.bound == "lo" else e["hi_s"])
+
+    def at(self, bound: str) -> "CostModel":
+        return replace(self, bound=bound)
+
+    def algorithm(self, op: str, nbytes: float, n: int) -> str:
+        return str(self.estimate(op, nbytes, n)["algorithm"])
+
+    # description ---------------------------------------------------------------------------
+    @property
+    def points(self) -> int:
+        return self.fits[self.best].points
+
+    @property
+    def rel_err(self) -> float:
+        return self.fits[self.best].scatter
+
+    def describe(self) -> str:
+        f = self.fits[self.best]
+        v, st = f.term_values(), f.status
+        bits = [f"{self.backend} {self.best} form"]
+        for name in TERMS:
+            if st.get(name) == "unused":
+                continue
+            x = v[name]
+            val = f"{x / 1e9:.4g} GB/s" if name.endswith("bw") else f"{x * 1e6:.3g} us"
+            bits.append(f"{name} {val} ({st.get(name, '')})")
+        others = [p for p in self.plausible if p != self.best]
+        tail = f"; interval spans {', '.join(others)}" if others else ""
+        return f"{self.source}: " + ", ".join(bits) + tail
+
+    def terms_table(self) -> pd.DataFrame:
+        rows = []
+        for name, f in self.fits.items():
+            v, e = f.term_values(), f.term_errors()
+            for term in TERMS:
+                if f.status.get(term) == "unused":
+                    continue
+                bw = term.endswith("bw")
+                conv = 1e-9 if bw else 1e6
+                prior = PRIORS[self.backend].get(term)
+                rows.append({"form": name + (" *" if name == self.best else ""), "term": term,
+                             "value": v[term] * conv, "unit": "GB/s" if bw else "us",
+                             "std_err": e[term] * conv if np.isfinite(e[term]) else float("nan"),
+                             "status": f.status.get(term, ""),
+                             "prior": prior * 1e6 if prior is not None and not bw else float("nan"),
+                             "points": f.points})
+        return pd.DataFrame(rows, columns=["form", "term", "value", "unit", "std_err", "status", "prior", "points"])
+
+
+def _scaled(f: Fit, op, nbytes, ranks, ppn, bw_scale: float, lat_scale: float) -> np.ndarray:
+    row, _k, _cs = f.coef(op, nbytes, ranks, ppn)
+    th = f.theta.copy()
+    th[:3] *= lat_scale
+    th[3:] /= bw_scale
+    return row @ th
+
+
+def build(ms: Measurements, backend: str = "nccl", fixed: Optional[Fixed] = None,
+          forms: Optional[Sequence[str]] = None, source: str = "fitted") -> CostModel:
+    """Fit every form of ``backend``, choose by leave-one-N-out validation."""
+    backend = backend_of(backend)
+    ms = ms.usable()
+    if not len(ms):
+        raise ValueError("no collective with a positive time on >= 2 ranks to fit the cost model to")
+    forms = list(forms or FORMS[backend])
+    fits = {f: fit(ms, f, backend, fixed) for f in forms}
+    ranks = np.asarray(ms.obs_ranks)
+    nodes = ms.nodes
+    distinct = sorted(set(ranks.tolist()))
+    rows = []
+    if len(distinct) >= 2:
+        for form in forms:
+            for held in distinct:
+                # a fold is a test of the form only where the training data see the held-out scope
+                # (inside one node / across nodes): otherwise it tests an assumption about the network
+                multi = nodes[ranks == held] > 1
+                if (multi & ~(nodes[ranks != held] > 1).any()).any() or \
+                        (~multi & ~(nodes[ranks != held] == 1).any()).any():
+                    continue
+                train = ms.subset(ranks != held)
+                test = ms.subset(ranks == held)
+                try:
+                    f = fit(train, form, backend, fixed)
+                except ValueError:
+                    continue
+                err = (predict_obs(f, test) - np.asarray(test.time_s)) / np.asarray(test.time_s)
+                rows.append({"form": form, "held_out_ranks": held,
+                             "fitted_on": ",".join(str(x) for x in distinct if x != held),
+                             "points": len(test), "median_abs_err_pct": float(np.median(np.abs(err)) * 100),
+                             "max_abs_err_pct": float(np.max(np.abs(err)) * 100)})
+    val = pd.DataFrame(rows, columns=VALIDATION_COLUMNS)
+    best, plausible = DEFAULT_FORM[backend] if DEFAULT_FORM[backend] in forms else forms[0], list(forms)
+    if len(val):
+        score = val.groupby("form")["median_abs_err_pct"].mean()
+        best = str(score.idxmin())
+        if DEFAULT_FORM[backend] in score and score[DEFAULT_FORM[backend]] <= score[best] * 1.05 + 0.5:
+            best = DEFAULT_FORM[backend]       # a tie goes to what the library really does
+        limit = 1.5 * score[best] + 2.0
+        plausible = [f for f in forms if f in score and score[f] <= limit]
+    ppn = int(np.median(ms.obs_ppn)) if len(ms) else 1
+    return CostModel(backend=backend, fits=fits, best=best, plausible=plausible, validation=val, ppn=ppn,
+                     source=source)
+
+
+# -- helpers for the inputs ----------------------------------------------------------------------
+def from_rows(rows: Iterable[dict], ranks: Optional[int] = None, ppn: Optional[int] = None,
+              source: str = "", forced: str = "") -> Measurements:
+    """commprof bench / nccl-tests rows (op, bytes, out_of_place / in_place
+    {time_us, median_us}, ranks) as measurements: the out-of-place time where
+    measured."""
+    ms = Measurements()
+    for r in rows:
+        m = r.get("out_of_place") or r.get("in_place")
+        if not m or not m.get("time_us"):
+            continue
+        n = int(r.get("ranks") or ranks or 0)
+        if n < 2:
+            continue
+        t_us = m.get("median_us") or m["time_us"]
+        ms.add([(r["op"], r["bytes"])], n, int(r.get("ranks_per_node") or ppn or n), t_us * 1e-6, source,
+               r.get("algorithm") or forced)
+    return ms
+
+
+def busy_periods(instances: pd.DataFrame, ppn: int = 0) -> Measurements:
+    """Collective instances (columns: group, seq, op, bytes, group_size,
+    last_issue_s, end_s[, ppn]) grouped into busy periods of each group's
+    communication: a period starts with an instance issued (by its last
+    rank) after every earlier one had completed, and ends when the last of
+    its instances completes. A work-conserving link (one stream in order,
+    NCCL; several at once sharing the bandwidth, gloo) is busy for the sum
+    of its collectives' times over a period, whatever the order of
+    completion: one observation per period."""
+    ms = Measurements()
+    d = instances.sort_values(["group", "seq"])
+    has_ppn = "ppn" in d
+    for (_g, n), g in d.groupby(["group", "group_size"], sort=False):
+        n = int(n)
+        if n < 2:
+            continue
+        issue = g["last_issue_s"].to_numpy(np.float64)
+        end = g["end_s"].to_numpy(np.float64)
+        ops = g["op"].astype(str).to_numpy()
+        nb = g["bytes"].to_numpy(np.float64)
+        pp = g["ppn"].to_numpy() if has_ppn else np.full(len(g), ppn or n)
+        start, stop, calls = issue[0], end[0], [0]
+        for i in range(1, len(g) + 1):
+            if i == len(g) or issue[i] >= stop:
+                ms.add([(ops[j], nb[j]) for j in calls], n, int(pp[calls[0]]), stop - start, "trace")
+                if i == len(g):
+                    break
+                start, stop, calls = issue[i], end[i], []
+            stop = max(stop, end[i])
+            calls.append(i)
+    return ms
+
+
+def frame(model: CostModel, ms: Optional[Measurements], targets: Sequence[int], sizes_by_op: Dict[str, List[float]],
+          ppn: Optional[int] = None) -> pd.DataFrame:
+    """Measured rows (single calls) and predicted rows per op, size and N:
+    n_ranks, nodes, bytes, time_us (lo, hi), algbw / busbw (GB/s), algorithm,
+    predicted, and for measured rows the model's error there."""
+    from ..trace.ops import bandwidths
+
+    rows = []
+    p_target = int(ppn or model.gpus_per_node or model.ppn or 1)
+    if ms is not None:
+        count = np.bincount(np.asarray(ms.obs, int), minlength=len(ms.time_s))
+        pred = predict_obs(model.fits[model.best], ms)
+        for i in range(len(ms.time_s)):
+            if count[i] != 1:
+                continue
+            j = ms.obs.index(i)
+            op, nb, n = ms.op[j], ms.nbytes[j], ms.obs_ranks[i]
+            e = model.estimate(op, nb, n, ms.obs_ppn[i])
+            alg, bus = bandwidths(op, nb, ms.time_s[i], n)
+            rows.append({"op": op, "n_ranks": n, "nodes": int(math.ceil(n / ms.obs_ppn[i])), "bytes": int(nb),
+                         "predicted": False, "time_us": ms.time_s[i] * 1e6, "time_lo_us": float("nan"),
+                         "time_hi_us": float("nan"), "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9,
+                         "algorithm": e["algorithm"], "model_us": pred[i] * 1e6,
+                         "err_pct": 100 * (pred[i] - ms.time_s[i]) / ms.time_s[i]})
+    for op, sizes in sizes_by_op.items():
+        for n in targets:
+            for nb in sizes:
+                e = model.estimate(op, nb, int(n), p_target)
+                alg, bus = bandwidths(op, nb, float(e["time_s"]), int(n))
+                rows.append({"op": op, "n_ranks": int(n), "nodes": int(math.ceil(n / p_target)), "bytes": int(nb),
+                             "predicted": True, "time_us": float(e["time_s"]) * 1e6,
+                             "time_lo_us": float(e["lo_s"]) * 1e6, "time_hi_us": float(e["hi_s"]) * 1e6,
+                             "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9, "algorithm": e["algorithm"],
+                             "model_us": float("nan"), "err_pct": float("nan")})
+    cols = ["op", "n_ranks", "nodes", "bytes", "predicted", "time_us", "time_lo_us", "time_hi_us", "algbw_GBps",
+            "busbw_GBps", "algorithm", "model_us", "err_pct"]
+    return pd.DataFrame(rows, columns=cols).sort_values(["op", "predicted", "n_ranks", "bytes"], kind="stable")
+
+
+def described(fixed: Fixed, backend: str = "nccl", ppn: int = 1) -> CostModel:
+    """A cost model from given terms alone: latencies not given are NCCL's
+    (or gloo's) constants, an intra-node bandwidth not given is the
+    network's."""
+    backend = backend_of(backend)
+    v = dict(fixed.values)
+    status = {k: fixed.source for k in v}
+    for k in LATENCY_TERMS:
+        if k not in v:
+            v[k] = PRIORS[backend][k]
+            status[k] = "prior"
+    if "inter_bw" not in v and "intra_bw" not in v:
+        raise ValueError("a described network needs a bandwidth (bw=...)")
+    if "intra_bw" not in v:
+        v["intra_bw"], status["intra_bw"] = v["inter_bw"], "assumed (= inter_bw)"
+    if "inter_bw" not in v:
+        v["inter_bw"], status["inter_bw"] = v["intra_bw"], "assumed (= intra_bw)"
+    fits = {}
+    for form in FORMS[backend]:
+        th = np.array([v["base"], v["intra_lat"], v["inter_lat"], 1 / v["intra_bw"], 1 / v["inter_bw"]])
+        st = dict(status)
+        if form == "hockney":
+            th[1:3] = 0.0
+            st["intra_lat"] = st["inter_lat"] = "unused"
+        fits[form] = Fit(form=form, backend=backend, theta=th, cov=np.zeros((5, 5)), scatter=0.0, status=st)
+    best = DEFAULT_FORM[backend]
+    return CostModel(backend=backend, fits=fits, best=best, plausible=[best], validation=pd.DataFrame(
+        columns=VALIDATION_COLUMNS), ppn=int(ppn or 1), source="network as described")
