@@ -24,7 +24,7 @@ Algorithms, as in ``tuning.cc`` (n ranks, m nodes, p ranks per node):
 
 - **Ring** all_reduce: ``2(n - 1)`` steps, ``2(m - 1)`` of them across nodes;
   reduce_scatter / all_gather: ``n - 1`` steps, ``m - 1`` across; broadcast /
-  reduce: a pipelined chain, one step's latency per rank. Bytes:
+  reduce: a pipelined chain, one step's latency. Bytes:
   ``S x f(n) / busbw`` with the nccl-tests bus factor f.
 - **Tree** (all_reduce only): latency ``base + 2 ((p - 1) intra + log2(m)
   inter)``; algorithm bandwidth half the tree's bus bandwidth, which is 0.92
@@ -32,8 +32,12 @@ Algorithms, as in ``tuning.cc`` (n ranks, m nodes, p ranks per node):
   exactly two nodes twice that (each byte crosses the network once per
   direction, where a ring's and a larger tree's cross it twice).
 - **Protocols** LL / LL128 / Simple: NCCL's latency ratios and bandwidth
-  factors (LL 1/4 of Simple's bus bandwidth on a ring, LL128 0.92 (0.7 with
-  one rank per node), ...). Small messages go LL, large ones Simple.
+  factors (LL half of Simple's bus bandwidth on a ring, LL128 0.92; on a
+  tree LL 1/3.8, LL128 7/9 in one node and 120/128 across nodes; a tree of
+  one rank per node x 0.85). Small messages go LL, large ones Simple.
+  Left out: NCCL's absolute per-channel caps (llMaxBw, perChMax*: they
+  depend on the GPU generation and the channel count), the ring plateau
+  factor, NVLS / CollNet.
 - **gloo** runs a ring with one protocol (no tree): the same terms, no
   protocol switch.
 
@@ -154,6 +158,10 @@ def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tu
     steps = np.where(is_ar, 2 * (n - 1), n - 1)
     inter_steps = np.where(multi, np.where(is_ar, 2 * (m - 1), m - 1), 0.0)
     intra_steps = np.maximum(steps - inter_steps, 0)
+    # broadcast / reduce: NCCL's pipelined chain costs one hop's latency (tuning.cc, sameChannels)
+    chain = ~is_ar & ~is_rs_ag
+    inter_steps = np.where(chain, multi.astype(float), inter_steps)
+    intra_steps = np.where(chain, (~multi).astype(float), intra_steps)
     cs = choices(form, backend)
     out = np.zeros((len(s), len(cs), 5))
     ref_b, ref_i, ref_n = (BASE_LAT["ring"]["Simple"], HW_LAT["intra"]["ring"]["Simple"],
@@ -178,7 +186,7 @@ def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tu
             # across exactly two nodes a double binary tree sends each byte over the network once per
             # direction (a ring twice, and so does a tree of more nodes, whose inner nodes have two children)
             two = np.where(m == 2, 2.0, 1.0)
-            byt = s * 2.0 / (0.92 * bwf * corr * two)
+            byt = s * 2.0 / (0.92 * bwf * corr * two * _tree_pattern(p))
             lat[~is_ar] = np.inf
             byt = np.where(is_ar, byt, np.inf)
         out[:, k, :3] = lat
@@ -195,12 +203,17 @@ def _protocol_bw(c: Choice, backend: str, multi, p, is_ar):
         return one
     a = "ring" if c.algorithm == "flat" else c.algorithm
     if a == "ring" and c.protocol == "LL":
-        return np.where(multi | is_ar, 1 / 4, 1 / 3)
+        return np.full(np.shape(p), 0.5)
     if a == "ring" and c.protocol == "LL128":
-        return np.where(p < 2, 0.7, 0.92)
+        return np.full(np.shape(p), 0.92)
     if a == "tree" and c.protocol == "LL":
         return one / 3.8
     return np.where(multi, 120 / 128, 7 / 9)          # tree LL128
+
+
+def _tree_pattern(p):
+    """One rank per node: a plain tree, not NCCL's split tree (tuning.cc: x 0.85)."""
+    return np.where(np.asarray(p) <= 1, 0.85, 1.0)
 
 
 # -- measurements -------------------------------------------------------------------------------
@@ -395,6 +408,13 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
             break
         theta, s = theta_new, s_new
     _, theta, cov, s = best
+    theta, cov = theta.copy(), cov.copy()
+    for j in (3, 4):                           # an assumed scope follows the fitted one
+        if str(status.get(TERMS[j], "")).startswith("assumed"):
+            o = 7 - j
+            theta[j] = theta[o]
+            cov[j, :], cov[:, j] = cov[o, :], cov[:, o]
+            cov[j, j] = cov[o, o]
     if backend == "gloo" and not seen[1] and free[2] and form != "hockney":
         # gloo measured inside one host: across hosts, the same TCP step latency (no better guess)
         theta = theta.copy()

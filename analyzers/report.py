@@ -357,6 +357,36 @@ def model_report(fits: List[tuple], against: List[tuple] = (), bench_rows: List[
     return Report(title="commprof model", tables=tables, notes=notes)
 
 
+COST_TERM_COLUMNS = [("form", "form", ""), ("term", "term", ""), ("value", "value", ".4g"), ("unit", "unit", ""),
+                     ("std_err", "std err", ".2g"), ("status", "from", ""), ("prior", "prior us", ".3g"),
+                     ("points", "points", "d")]
+COST_FORM_COLUMNS = [("form", "form", ""), ("held_out_ranks", "held-out ranks", "d"), ("fitted_on", "fitted on", ""),
+                     ("points", "points", "d"), ("median_abs_err_pct", "median |err| %", ".1f"),
+                     ("max_abs_err_pct", "max |err| %", ".1f")]
+COST_ROW_COLUMNS = [("op", "op", ""), ("n_ranks", "ranks", "d"), ("nodes", "nodes", "d"), ("bytes", "bytes", ",d"),
+                    ("predicted", "predicted", ""), ("time_us", "time us", ".1f"), ("time_lo_us", "lo us", ".1f"),
+                    ("time_hi_us", "hi us", ".1f"), ("algbw_GBps", "algbw GB/s", ".2f"),
+                    ("busbw_GBps", "busbw GB/s", ".2f"), ("algorithm", "algorithm", ""),
+                    ("err_pct", "model err %", "+.1f")]
+
+
+def cost_report(model, rows: pd.DataFrame, notes: Sequence[str] = ()) -> Report:
+    """``commprof model ... --to``: the cost model's terms per form, the
+    held-out validation that chose the form, and the measured and predicted
+    collectives."""
+    tables = {"terms": Table(f"Cost model terms ({model.backend}; * = the form that predicts)",
+                             model.terms_table(), COST_TERM_COLUMNS),
+              "forms": Table("Model forms, each fitted leaving one measured rank count out",
+                             model.validation, COST_FORM_COLUMNS),
+              "collectives": Table("Measured and predicted collectives (predicted: lo-hi spans the plausible forms)",
+                                   rows, COST_ROW_COLUMNS)}
+    out = [f"Predicting form: {model.best}; plausible: {', '.join(model.plausible)}.", *notes,
+           "time = latency + bytes / bandwidth per (algorithm, protocol), the fastest per call, as NCCL's tuner "
+           "(ring: 2 (n - 1) steps for all_reduce, 2 (nodes - 1) across nodes; tree: 2 ((ranks per node - 1) "
+           "intra + log2(nodes) inter)); busbw with the nccl-tests factors."]
+    return Report(title="commprof model", tables=tables, notes=out)
+
+
 DIFF_COLUMNS = [("what", "what", ""), ("metric", "metric", ""), ("a", "A", ",.3f"), ("b", "B", ",.3f"),
                 ("delta", "B - A", "+,.3f"), ("delta_pct", "change %", "+.1f")]
 
@@ -373,16 +403,17 @@ PREDICT_TABLE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("kind", "kind", ""), ("scenario", "what-if", ""),
     ("step_ms", "step ms", ".2f"), ("step_ms_lo", "step ms lo", ".2f"), ("step_ms_hi", "step ms hi", ".2f"),
     ("samples_per_s", "samples/s", ".1f"), ("efficiency_pct", "eff %", ".1f"), ("comm_pct", "comm %", ".1f"),
+    ("comm_pct_lo", "comm % lo", ".1f"), ("comm_pct_hi", "comm % hi", ".1f"),
     ("data_pct", "data %", ".1f"), ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
     ("gain_pct", "gain %", "+.1f"), ("speedup", "speedup", ".2f"), ("batch_per_rank", "batch/rank", ".1f"),
-    ("source_gpus", "from GPUs", "d"),
+    ("source_gpus", "from GPUs", "d"), ("algorithm", "algorithm", ""),
 ]
 VALIDATE_TABLE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("mode", "predicted", ""),
     ("from_gpus", "from GPUs", "d"), ("measured_ms", "measured ms", ".2f"), ("predicted_ms", "predicted ms", ".2f"),
     ("step_err_pct", "step err %", "+.1f"), ("tput_err_pct", "throughput err %", "+.1f"),
     ("comm_err_pp", "comm err pp", "+.1f"), ("data_err_pp", "data err pp", "+.1f"),
-    ("compute_err_pp", "compute err pp", "+.1f"),
+    ("compute_err_pp", "compute err pp", "+.1f"), ("coll_err_pct", "collectives |err| %", ".1f"),
 ]
 
 
@@ -406,8 +437,11 @@ def predict_report(table: pd.DataFrame, validation=None, notes: Sequence[str] = 
                                      validation.rows, VALIDATE_TABLE_COLUMNS)
         if validation.summary:
             s = validation.summary
+            coll = s.get("median_coll_err_pct")
             out_notes.insert(0, f"Validation: median |step-time error| {s['median_abs_step_err_pct']:.1f} %, "
-                                f"worst {s['max_abs_step_err_pct']:.1f} % over {s['cases']} predictions.")
+                                f"worst {s['max_abs_step_err_pct']:.1f} % over {s['cases']} predictions"
+                                + (f"; the cost model alone: median |error| {coll:.1f} % on the held-out runs' "
+                                   "busy periods." if coll == coll and coll is not None else "."))
         else:
             out_notes.insert(0, "Validation: nothing to validate (needs two or more measured GPU counts of a "
                                 "configuration, one of them with communication).")

@@ -226,9 +226,10 @@ def _notes(runs, comm_for, mode, targets) -> List[str]:
         f = m.fits[m.best]
         if m.source.startswith("fitted") and any(str(f.status.get(t, "")).startswith("assumed")
                                                  for t in ("inter_bw", "intra_bw")) and targets:
+            lat = "the same step latency" if m.backend == "gloo" else "NCCL's network latency constants"
             notes.append(f"{config}: the collectives were measured inside one node only; across nodes the model "
-                         "assumes the same bandwidth and NCCL's latency constants — give --network (and "
-                         "--gpus-per-node) or --bench with a multi-node measurement for a real interconnect.")
+                         f"assumes the same bandwidth and {lat} — give --network (and --gpus-per-node) or "
+                         "--bench with a multi-node measurement for a real interconnect.")
     notes.append(f"{mode} scaling: " + ("per-rank batch fixed." if mode == "weak" else
                                           "global batch fixed: per-rank data, forward and backward time shrink "
                                           "with the per-rank batch (linear; small batches are usually less "

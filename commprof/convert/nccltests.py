@@ -223,8 +223,9 @@ def _parse_section(lines: List[str], offset: int, name: str, op: Optional[str], 
             continue
         f = ln.split()
         if len(f) not in (12, 13):
-            raise TraceFormatError(f"{name}:{no}: size row with {len(f)} columns (expected 12, or 13 with "
-                                   f"root): {ln.strip()[:80]}")
+            what = "truncated size row" if len(f) < 12 else "size row with extra columns"
+            raise TraceFormatError(f"{name}:{no}: {what} ({len(f)} columns, expected 12, or 13 with root): "
+                                   f"{ln.strip()[:80]}")
         has_root = len(f) == 13
         col = 5 if has_root else 4
         try:
