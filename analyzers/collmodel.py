@@ -300,7 +300,8 @@ class Fit:
 
     def coef(self, op, nbytes, ranks, ppn) -> Tuple[np.ndarray, List[int], List[Choice]]:
         d, cs = design(op, nbytes, ranks, ppn, self.form, self.backend)
-        t = d @ self.theta
+        with np.errstate(invalid="ignore"):
+            t = d @ self.theta
         k = np.argmin(np.where(np.isfinite(t), t, np.inf), axis=1)
         return d[np.arange(len(k)), k], list(k), cs
 
@@ -395,7 +396,8 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
     s = 0.05
     theta = values.copy()
     for _ in range(iterations):
-        tt = d @ theta
+        with np.errstate(invalid="ignore"):
+            tt = d @ theta
         k = np.argmin(np.where(np.isfinite(tt), tt, np.inf), axis=1)
         row = d[np.arange(len(k)), k]
         a = np.zeros((n_obs, 5))
@@ -477,7 +479,8 @@ def _solve(a, t, theta, free, scale, prior, s):
 
 
 def _objective(d, obs, t, theta, free, scale, prior, s) -> float:
-    tt = d @ theta
+    with np.errstate(invalid="ignore"):
+        tt = d @ theta
     row_t = np.min(np.where(np.isfinite(tt), tt, np.inf), axis=1)
     pred = np.zeros(len(t))
     np.add.at(pred, obs, row_t)
@@ -489,9 +492,19 @@ def _objective(d, obs, t, theta, free, scale, prior, s) -> float:
     return obj
 
 
+def predict_calls(f: Fit, ms: Measurements) -> Tuple[np.ndarray, List[Choice]]:
+    """Predicted time and choice of each call, a forced algorithm kept."""
+    d, cs, _obs, _t = _observation_matrix(ms, f.form, f.backend)
+    with np.errstate(invalid="ignore"):
+        tt = d @ f.theta
+    tt = np.where(np.isfinite(tt), tt, np.inf)
+    k = np.argmin(tt, axis=1)
+    return tt[np.arange(len(k)), k], [cs[i] for i in k]
+
+
 def predict_obs(f: Fit, ms: Measurements) -> np.ndarray:
     """Predicted time of each observation (sum over its calls)."""
-    t, _c, _se = f.times(ms.op, ms.nbytes, ms.ranks, ms.ppn)
+    t, _c = predict_calls(f, ms)
     out = np.zeros(len(ms.time_s))
     np.add.at(out, np.asarray(ms.obs, int), t)
     return out
@@ -714,17 +727,18 @@ def frame(model: CostModel, ms: Optional[Measurements], targets: Sequence[int], 
     if ms is not None:
         count = np.bincount(np.asarray(ms.obs, int), minlength=len(ms.time_s))
         pred = predict_obs(model.fits[model.best], ms)
+        _t, chosen = predict_calls(model.fits[model.best], ms)
         for i in range(len(ms.time_s)):
             if count[i] != 1:
                 continue
             j = ms.obs.index(i)
             op, nb, n = ms.op[j], ms.nbytes[j], ms.obs_ranks[i]
-            e = model.estimate(op, nb, n, ms.obs_ppn[i])
             alg, bus = bandwidths(op, nb, ms.time_s[i], n)
             rows.append({"op": op, "n_ranks": n, "nodes": int(math.ceil(n / ms.obs_ppn[i])), "bytes": int(nb),
                          "predicted": False, "time_us": ms.time_s[i] * 1e6, "time_lo_us": float("nan"),
                          "time_hi_us": float("nan"), "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9,
-                         "algorithm": e["algorithm"], "model_us": pred[i] * 1e6,
+                         "algorithm": str(chosen[j]) + (" (forced)" if ms.forced[j] else ""),
+                         "model_us": pred[i] * 1e6,
                          "err_pct": 100 * (pred[i] - ms.time_s[i]) / ms.time_s[i]})
     for op, sizes in sizes_by_op.items():
         for n in targets:

@@ -122,11 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--peak-tflops", type=float, default=None, metavar="T",
                      help="the GPU's peak TFLOP/s for MFU (default: a table of common GPUs by device name)")
     _face_options(rep)
-    md = sub.add_parser("model", help="alpha-beta model of a trace's collectives",
-                        description="Fit T(S) = alpha + S / beta per collective from any trace (a training run "
-                                    "or a commprof bench -o trace); with --against, say how well it agrees with "
-                                    "another model (commprof bench --model JSON, or another trace).")
-    md.add_argument("traces", nargs="+", metavar="TRACE")
+    md = sub.add_parser("model", help="collective cost model: fit, validate, predict to other GPU counts",
+                        description="INPUT: traces (training runs, commprof bench -o traces), commprof bench "
+                                    "--json results or nccl-tests logs (one per measured N). With --to, or any "
+                                    "input not a trace: fit the NCCL-style cost model (Ring / Tree, protocols; "
+                                    "gloo: ring), choose its form by leaving one measured N out, and print the "
+                                    "measured and predicted collectives. Traces alone without --to: the "
+                                    "alpha-beta fit T(S) = alpha + S / beta per collective; with --against, "
+                                    "its agreement with another model.")
+    md.add_argument("traces", nargs="+", metavar="INPUT")
+    md.add_argument("--to", default=None, metavar="LIST", help="rank counts to predict, e.g. 64,256,1024")
+    md.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
+                    help="ranks per node of the predictions (default: as measured)")
+    md.add_argument("--op", default=None, help="the collective of nccl-tests logs that do not say")
+    md.add_argument("--network", default=None, metavar="SPEC",
+                    help="terms the measurements cannot see: bw=25GB/s,latency=5us[,intra_bw=...,intra_latency=...]")
+    md.add_argument("-o", "--output", default=None, metavar="FILE", help="write the report to FILE")
+    md.add_argument("--table", metavar="NAME", default=None)
     md.add_argument("--against", action="append", default=[], metavar="MODEL",
                     help="a model JSON (commprof bench --model) or a trace to compare with (repeatable)")
     md.add_argument("--json", metavar="FILE", default=None, help="write the first trace's fitted model (JSON)")
@@ -337,7 +349,24 @@ def cmd_model(args) -> int:
     from .api import fit_model, model
     from .trace.files import atomic_write
 
-    sys.stdout.write(_renderer(args, args.format).render(_select(model(args.traces, args.against), args)))
+    from .costmodel import cost_model_report, is_measurement
+
+    if args.to or args.network or args.gpus_per_node or any(is_measurement(p) for p in args.traces):
+        report = cost_model_report(args.traces, to=args.to, gpus_per_node=args.gpus_per_node, op=args.op,
+                                   network=args.network)
+    else:
+        report = model(args.traces, args.against)
+    from . import render
+
+    fmt = args.format if args.format != "table" or not args.output else (render.format_for_path(args.output)
+                                                                         or "table")
+    shown = _select(report, args)
+    text = (render.RENDERERS["csv"](table=args.table).render(shown) if fmt == "csv"
+            else _renderer(args, fmt, to_file=bool(args.output)).render(shown))
+    if args.output:
+        atomic_write(args.output, text)
+    else:
+        sys.stdout.write(text)
     if args.json:
         m = fit_model(args.traces[0])
         m.pop("pieces", None)

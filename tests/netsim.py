@@ -12,8 +12,8 @@ on data it did not generate.
 - Tree all_reduce: a pipeline of chunks of ``chunk`` bytes up a tree
   (a chain inside each node, a binary tree of ``ceil(log2 nodes)`` levels
   across nodes) and down again; a chunk leaves a stage when it arrived and
-  the stage has sent the previous one; across nodes a parent's link
-  carries two children's chunks.
+  the stage has sent the previous one; across more than two nodes a
+  parent's link carries two children's chunks.
 - Protocols: ``LL`` (a quarter of the link bandwidth, a third of the
   per-message latency, up to 1 MiB) and ``Simple``; the "library" runs
   whichever (algorithm, protocol) its simulation says is fastest for that
@@ -72,8 +72,9 @@ class Cluster:
         for _c in range(chunks):
             t = t0
             for k, inter in enumerate(stages):
-                # a binary tree's parent takes two children's chunks (and sends to two): half the link each
-                t = max(t, free[k]) + self._link(size * (2 if inter else 1), inter, proto, rnd)
+                # a binary tree's parent takes two children's chunks (and sends to two): half the link each;
+                # two nodes are one edge
+                t = max(t, free[k]) + self._link(size * (2 if inter and nodes > 2 else 1), inter, proto, rnd)
                 free[k] = t
             end = t
         return end

@@ -71,14 +71,17 @@ def write_run(path, ranks_rows, meta=None, rank_metas=None):
 
 
 def modelled_run(world, steps, hop_s=50e-6, bus_Bps=1e9, sizes=(2e6, 8e6, 16e6), ready_frac=(0.3, 0.7, 1.0),
-                 data_ms=(2.0, 6.0), fwd_ms=10.0, bwd_ms=30.0, opt_ms=4.0, seed=0, late_rank=-1, late_ms=0.0):
+                 data_ms=(2.0, 6.0), fwd_ms=10.0, bwd_ms=30.0, opt_ms=4.0, seed=0, late_rank=-1, late_ms=0.0,
+                 comm_time=None):
     """{rank: rows} of a DDP-like job whose communication follows a known
     model exactly: bucket k (``sizes[k]`` bytes) is ready at
     ``ready_frac[k]`` of each rank's backward, its all_reduce starts when
     the last rank has it ready and the previous bucket is done, and lasts
     hop_s x (N - 1) + S x 2(N-1)/N / bus_Bps; each rank's data time is
     uniform in ``data_ms`` every step (jitter: the slowest rank gates);
-    ``late_rank`` waits ``late_ms`` longer for its data every step."""
+    ``late_rank`` waits ``late_ms`` longer for its data every step.
+    ``comm_time(size, world, rnd)``, where given, times the buckets instead
+    (e.g. ``tests/netsim.py``: a generator that is not the model)."""
     import random
 
     rnd = random.Random(seed * 7919 + world)
@@ -94,7 +97,10 @@ def modelled_run(world, steps, hop_s=50e-6, bus_Bps=1e9, sizes=(2e6, 8e6, 16e6),
         for k, (size, frac) in enumerate(zip(sizes, ready_frac)):
             ready = [b + frac * bwd_ms / 1e3 for b in b0]
             start = max(max(ready), end)
-            dur = hop_s * (world - 1) + size * 2 * (world - 1) / world / bus_Bps if world > 1 else 0.0
+            if comm_time is not None:
+                dur = comm_time(size, world, rnd) if world > 1 else 0.0
+            else:
+                dur = hop_s * (world - 1) + size * 2 * (world - 1) / world / bus_Bps if world > 1 else 0.0
             end = start + dur
             ends.append((ready, end))
         for r in range(world):

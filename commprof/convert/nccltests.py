@@ -188,10 +188,14 @@ def parse_all(text: str, name: str = "log", op: Optional[str] = None) -> List[Di
     docs = []
     base = os.path.basename(name)
     file_op = _file_op(base)
+    prev_end = 0
     for k, start in enumerate(starts):
         stop = starts[k + 1] if k + 1 < len(starts) else len(lines)
-        before = lines[starts[k - 1] if k else 0:start] if k else lines[:start]
-        sec = lines[start:stop]
+        # a test ends at its "Avg bus bandwidth" line; what follows up to the next test is that one's preamble
+        end = next((i + 1 for i in range(start, stop) if lines[i].startswith("# Avg bus bandwidth")), stop)
+        before = lines[prev_end:start]
+        sec = lines[start:end]
+        prev_end = end
         sop = _section_op(before + sec[:5], name, op) or _section_op(sec, name, None)
         doc = _parse_section(sec, start, name, sop, file_op if len(starts) == 1 else None)
         if doc is not None:
