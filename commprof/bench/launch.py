@@ -53,9 +53,15 @@ def model_of(doc: Dict[str, Any]) -> Dict[str, Any]:
             continue
         sizes, times = zip(*pts)
         ops.setdefault(op, {})[dtype] = fit(sizes, times)
+    # the measured rows travel with the model: commprof predict --bench / commprof model fit the cost model
+    # (analyzers/collmodel.py) to them
+    meas = [{"op": r["op"], "bytes": r["bytes"], "ranks": r.get("ranks") or doc.get("world_size"),
+             "ranks_per_node": r.get("ranks_per_node") or doc.get("ranks_per_node"),
+             "out_of_place": r.get("out_of_place"), "in_place": r.get("in_place")}
+            for r in doc.get("rows", []) if r.get("out_of_place") or r.get("in_place")]
     return {"model": "alpha-beta (Hockney): T(S) = alpha + S / beta", "world_size": doc.get("world_size"),
             "backend": doc.get("backend"), "device": doc.get("device"), "source": doc.get("source", "bench"),
-            "ops": ops}
+            "ops": ops, "measurements": meas}
 
 
 def model_table(model: Dict[str, Any]) -> str:
