@@ -52,7 +52,7 @@ given each call's algorithm and protocol the time is linear in the terms
 (latencies and inverse bandwidths), so the fit alternates "choose the
 fastest (algorithm, protocol) per call" and a least-squares solve on
 relative residuals. Latency terms carry NCCL's published constants as
-priors (a Gaussian of 100 % width): where the data resolve a term it is
+priors (a Gaussian of 100 % width; gloo's, tens of microseconds, 1,000 %): where the data resolve a term it is
 theirs, where they do not (one node measured: no network; no small sizes:
 no latency) the prior remains — each term says which (``fitted`` or
 ``prior``), with its standard error. Bandwidths have no prior: a scope
@@ -103,7 +103,9 @@ PRIORS = {"nccl": {"base": BASE_LAT["ring"]["Simple"] * US, "intra_lat": HW_LAT[
                    "inter_lat": HW_LAT["inter"]["ring"]["Simple"] * US},
           # gloo over TCP: tens of microseconds per message (measured on loopback and veth links)
           "gloo": {"base": 20 * US, "intra_lat": 25 * US, "inter_lat": 50 * US}}
-PRIOR_WIDTH = 1.0          # relative standard deviation of a latency prior
+#: relative standard deviation of a latency prior: NCCL's constants are known to a factor of ~2; gloo's
+#: latency over TCP depends on the host (tens of microseconds to milliseconds on an oversubscribed one)
+PRIOR_WIDTH = {"nccl": 1.0, "gloo": 10.0}
 
 FORMS = {"nccl": ("nccl", "ring", "hockney"), "gloo": ("ring", "hockney")}
 DEFAULT_FORM = {"nccl": "nccl", "gloo": "ring"}
@@ -402,8 +404,8 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
         row = d[np.arange(len(k)), k]
         a = np.zeros((n_obs, 5))
         np.add.at(a, obs, row)
-        theta_new, cov, s_new = _solve(a, t, theta, free, scale, prior, s)
-        obj = _objective(d, obs, t, theta_new, free, scale, prior, s_new)
+        theta_new, cov, s_new = _solve(a, t, theta, free, scale, prior, s, PRIOR_WIDTH[backend])
+        obj = _objective(d, obs, t, theta_new, free, scale, prior, s_new, PRIOR_WIDTH[backend])
         if best is None or obj < best[0] - 1e-12:
             best = (obj, theta_new, cov, s_new)
         if np.allclose(theta_new, theta, rtol=1e-6, atol=0) and abs(s_new - s) < 1e-4:
@@ -429,7 +431,7 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
         if name in status:
             continue
         if j < 3:
-            prior_sd = prior[name] * PRIOR_WIDTH
+            prior_sd = prior[name] * PRIOR_WIDTH[backend]
             status[name] = "fitted" if math.sqrt(max(cov[j, j], 0)) < 0.5 * prior_sd else "prior"
         else:
             status[name] = "fitted"
@@ -437,7 +439,7 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
                ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})))
 
 
-def _solve(a, t, theta, free, scale, prior, s):
+def _solve(a, t, theta, free, scale, prior, s, width):
     """Weighted least squares for the free terms (relative residuals, priors
     on the latencies), kept >= 0 by fixing negative terms at zero."""
     free = free.copy()
@@ -449,7 +451,7 @@ def _solve(a, t, theta, free, scale, prior, s):
         for q, j in enumerate(idx):
             if j < 3:                                   # prior: theta_j ~ N(mu, (mu * width)^2)
                 mu = prior[TERMS[j]]
-                w = s / (mu * PRIOR_WIDTH)
+                w = s / (mu * width)
                 r = np.zeros(len(idx))
                 r[q] = w * scale[j]
                 rows.append(r[None, :])
@@ -478,7 +480,7 @@ def _solve(a, t, theta, free, scale, prior, s):
     return out, cov, s_new
 
 
-def _objective(d, obs, t, theta, free, scale, prior, s) -> float:
+def _objective(d, obs, t, theta, free, scale, prior, s, width) -> float:
     with np.errstate(invalid="ignore"):
         tt = d @ theta
     row_t = np.min(np.where(np.isfinite(tt), tt, np.inf), axis=1)
@@ -488,7 +490,7 @@ def _objective(d, obs, t, theta, free, scale, prior, s) -> float:
     for j in range(3):
         if free[j]:
             mu = prior[TERMS[j]]
-            obj += float(((theta[j] - mu) / (mu * PRIOR_WIDTH)) ** 2) * s ** 2
+            obj += float(((theta[j] - mu) / (mu * width)) ** 2) * s ** 2
     return obj
 
 

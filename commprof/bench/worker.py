@@ -21,9 +21,11 @@ import argparse
 import datetime
 import json
 import os
+import socket
 import statistics
 import sys
 import time
+from typing import Dict
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 DTYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double", "int32": "int32"}
@@ -344,10 +346,20 @@ def main(argv=None) -> int:
     pipeline = _pipeline(torch, dist, device, rank, world, args, max_bytes) if args.pipeline else []
     if args.trace_dir:
         _write_shard(args.trace_dir, events, rank, world, local, backend, device, wall0, mono0)
+    # the ranks' hosts: the cost model needs the ranks per node
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    per_host: Dict[str, int] = {}
+    for h in hosts:
+        per_host[str(h)] = per_host.get(str(h), 0) + 1
+    ppn = max(per_host.values())
+    for r in results:
+        r["ranks_per_node"] = ppn
     if rank == 0:
-        doc = {"overlap": overlap, "pipeline": pipeline,"backend": backend, "world_size": world, "device": torch.cuda.get_device_name(device)
-               if device.type == "cuda" else "cpu", "warmup": args.warmup, "iters": args.iters,
-               "hosts": None, "rows": results}
+        doc = {"overlap": overlap, "pipeline": pipeline, "backend": backend, "world_size": world,
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "warmup": args.warmup, "iters": args.iters, "hosts": hosts, "nodes": len(per_host),
+               "ranks_per_node": ppn, "rows": results}
         tmp = args.out + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(doc, fh)
