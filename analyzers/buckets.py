@@ -173,62 +173,78 @@ PATH_COLUMNS = ["step", "gate", "gate_rank", "gate_bucket", "gate_phase", "path"
 def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
     """One row per measured step seen on every rank: the gate (what the
     step's end waited for, walking back from the last gradient collective)
-    and the whole chain as text."""
+    and the whole chain as text. Per-step statistics come from one grouped
+    pass each (no pandas call per step)."""
     g = _complete(grads, n_ranks)
-    ph = phases.set_index(["rank", "step"])
+    if phases.empty:
+        return pd.DataFrame(columns=PATH_COLUMNS)
+    ph = phases.sort_values(["step", "rank"], kind="stable")
+    count = ph.groupby("step")["rank"].size()
+    full = set(count.index[count.to_numpy() >= n_ranks].tolist())
+    steps = sorted(full & set(g["step"].tolist())) if len(g) else sorted(full)
+    if not steps:
+        return pd.DataFrame(columns=PATH_COLUMNS)
+    ph = ph[ph["step"].isin(steps)]
+    by = ph.groupby("step", sort=True)
+    med = by[["data_ns", "fwd_ns", "s0", "b0"]].median()
+    bw_med = (ph["b1"] - ph["b0"]).groupby(ph["step"]).median()
+    bwd_end = by["b1"].max()
+    slow = ph.loc[by["b1"].idxmax(), ["step", "rank"]].set_index("step")["rank"]
+    # each (step, rank)'s phase values, looked up by position
+    pos = {(int(st_), int(r)): i for i, (st_, r) in enumerate(zip(ph["step"], ph["rank"]))}
+    cols = {c: ph[c].to_numpy(np.float64) for c in ("data_ns", "fwd_ns", "s0", "b0", "b1")}
+    meds = {c: med[c].to_dict() for c in ("data_ns", "fwd_ns", "s0", "b0")}
+    bw_med_d = bw_med.to_dict()
+
+    def late(step: int, rank: int, ready_at: Optional[float]) -> str:
+        i = pos[(step, rank)]
+        data_x = cols["data_ns"][i] - meds["data_ns"][step]
+        fwd_x = cols["fwd_ns"][i] - meds["fwd_ns"][step]
+        if ready_at is not None:   # median over ranks of (ready_at - b0) = ready_at - median(b0)
+            bw_x = (ready_at - cols["b0"][i]) - (ready_at - meds["b0"][step])
+        else:
+            bw_x = (cols["b1"][i] - cols["b0"][i]) - bw_med_d[step]
+        start_x = cols["s0"][i] - meds["s0"][step]
+        best = max((data_x, "data wait"), (fwd_x, "forward"), (bw_x, "backward"), (start_x, "late start"))
+        return best[1] if best[0] > 0 else "backward"
+
+    inst: Dict[int, tuple] = {}
+    if len(g):
+        gg = g[g["step"].isin(steps)]
+        grouped = gg.groupby(["step", "k"], sort=True)
+        agg = grouped.agg(last=("issue", "max"), done=("end", "mean"))
+        who = gg.loc[grouped["issue"].idxmax().to_numpy(), "rank"].to_numpy()
+        op = gg.groupby("step")["op"].first().to_dict()
+        st_arr = agg.index.get_level_values("step").to_numpy()
+        ks_arr = agg.index.get_level_values("k").to_numpy()
+        last_arr, done_arr = agg["last"].to_numpy(np.float64), agg["done"].to_numpy(np.float64)
+        cuts = np.flatnonzero(np.diff(st_arr)) + 1
+        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(st_arr)]])):
+            inst[int(st_arr[a])] = (ks_arr[a:b], last_arr[a:b], done_arr[a:b], who[a:b], op[int(st_arr[a])])
     rows = []
-    steps = sorted(set(g["step"])) if len(g) else sorted(set(phases["step"]))
-    for s in steps:
-        try:
-            p = ph.xs(s, level="step")
-        except KeyError:
-            continue
-        if len(p) < n_ranks:
-            continue
-        d = g[g["step"] == s]
-        bwd_end = p["b1"].max()
-        slow_bwd = int(p["b1"].idxmax())
-        if d.empty:
-            rows.append(_gate_row(s, "compute", slow_bwd, None, _late_phase(p, slow_bwd, None),
+    for s_ in steps:
+        bwd_e, slow_bwd = float(bwd_end[s_]), int(slow[s_])
+        if s_ not in inst:
+            rows.append(_gate_row(s_, "compute", slow_bwd, None, late(s_, slow_bwd, None),
                                   [f"rank {slow_bwd} backward", "optimizer"], 0.0))
             continue
-        inst = d.groupby("k").agg(last=("issue", "max"), done=("end", "mean"),
-                                  who=("issue", lambda x: int(d.loc[x.idxmax(), "rank"])),
-                                  nbytes=("bytes", "median"))
-        ks = list(inst.index)
-        last_done = float(inst["done"].iloc[-1])
-        if bwd_end > last_done:   # the slowest backward ends after every collective: compute gates
-            rows.append(_gate_row(s, "compute", slow_bwd, None, _late_phase(p, slow_bwd, None),
+        ks, last, done, whos, op_ = inst[s_]
+        last_done = float(done[-1])
+        if bwd_e > last_done:   # the slowest backward ends after every collective: compute gates
+            rows.append(_gate_row(s_, "compute", slow_bwd, None, late(s_, slow_bwd, None),
                                   [f"rank {slow_bwd} backward", "optimizer"], 0.0))
             continue
         chain: List[str] = []
         j = len(ks) - 1
-        while j > 0 and inst["last"].iloc[j] < inst["done"].iloc[j - 1]:
-            chain.insert(0, f"bucket {ks[j]} {d['op'].iloc[0]}")
+        while j > 0 and last[j] < done[j - 1]:
+            chain.insert(0, f"bucket {ks[j]} {op_}")
             j -= 1
-        k, who = ks[j], int(inst["who"].iloc[j])
-        phase = _late_phase(p, who, float(inst["last"].iloc[j]))
-        chain = [f"rank {who} {phase}", f"bucket {k} ready last on rank {who}", f"bucket {k} {d['op'].iloc[0]}"] \
+        k, who_j = ks[j], int(whos[j])
+        phase = late(s_, who_j, float(last[j]))
+        chain = [f"rank {who_j} {phase}", f"bucket {k} ready last on rank {who_j}", f"bucket {k} {op_}"] \
             + chain + ["optimizer"]
-        rows.append(_gate_row(s, "bucket", who, int(k), phase, chain, (last_done - bwd_end) / 1e6))
+        rows.append(_gate_row(s_, "bucket", who_j, int(k), phase, chain, (last_done - bwd_e) / 1e6))
     return pd.DataFrame(rows, columns=PATH_COLUMNS)
-
-
-def _late_phase(p: pd.DataFrame, rank: int, ready_at: Optional[float]) -> str:
-    """Which of the rank's phases exceeds the median rank's most: data wait,
-    forward, or backward (up to the bucket's ready instant)."""
-    r = p.loc[rank]
-    med = p.median()
-    data_x = r["data_ns"] - med["data_ns"]
-    fwd_x = r["fwd_ns"] - med["fwd_ns"]
-    if ready_at is not None:
-        bw = ready_at - r["b0"]
-        bw_x = bw - float((ready_at - p["b0"]).median())
-    else:
-        bw_x = (r["b1"] - r["b0"]) - float((p["b1"] - p["b0"]).median())
-    start_x = (r["s0"] - med["s0"])
-    best = max((data_x, "data wait"), (fwd_x, "forward"), (bw_x, "backward"), (start_x, "late start"))
-    return best[1] if best[0] > 0 else "backward"
 
 
 def _gate_row(step, kind, rank, bucket, phase, chain, tail_ms):
