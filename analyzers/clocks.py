@@ -76,14 +76,15 @@ def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[in
         dom_wall.setdefault(d, wall.get(r, 0))
     rows = []
     dom_off: Dict[tuple, int] = {ref: dom_wall.get(ref, 0)}
-    pairs = _instances(comm, dom) if comm is not None and len(comm) else None
+    code = {d: i for i, d in enumerate(names)}
+    pairs = _instances(comm, dom, code) if comm is not None and len(comm) else None
     for d in names:
         ranks = sorted(r for r, x in dom.items() if x == d)
         guess = dom_wall.get(d, 0)
         if d == ref:
             rows.append(_row(d, ranks, guess, guess, 0.0, (0.0, 0.0), 0, "reference"))
             continue
-        est = _estimate(pairs, ref, d) if pairs is not None else None
+        est = _estimate(pairs, code[ref], code[d]) if pairs is not None else None
         if est is None:
             dom_off[d] = guess
             rows.append(_row(d, ranks, guess, guess, float("nan"), (float("nan"),) * 2, 0,
@@ -95,7 +96,7 @@ def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[in
     offsets = {r: dom_off[d] for r, d in dom.items()}
     table = pd.DataFrame(rows, columns=ALIGN_COLUMNS)
     if pairs is not None:
-        table["violations"] = [_violations(pairs, offsets, dom, d) for d in names]
+        table["violations"] = _violations(pairs, np.array([dom_off.get(d, 0) for d in names], np.int64), len(names))
     return offsets, table
 
 
@@ -117,22 +118,29 @@ def _ranges(ranks: List[int]) -> str:
     return ",".join(out)
 
 
-def _instances(comm: pd.DataFrame, dom: Dict[int, tuple]) -> pd.DataFrame:
-    """Per (instance, domain): earliest/latest issue, earliest/latest/median completion."""
-    c = comm[["rank", "group", "seq", "t_start", "t_end"]].copy()
-    c["blocking"] = comm["blocking"].fillna(False).astype(bool) if "blocking" in comm else False
-    c = c[c["seq"].notna() & c["group"].notna()]
-    keys = sorted(set(dom.values()))
-    code = {d: i for i, d in enumerate(keys)}
-    c["dom"] = c["rank"].map(lambda r: code.get(dom.get(int(r)), -1))
-    c = c[c["dom"] >= 0]
-    c["group"] = c["group"].astype(str)
-    g = c.groupby(["group", "seq", "dom"], observed=True)
+def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]) -> pd.DataFrame:
+    """Per (instance, domain): earliest/latest issue, earliest/latest/median
+    completion. Groups and domains as integer codes (no string column is
+    built per call)."""
+    from .nodes import _str_codes
+
+    rank = comm["rank"].to_numpy(np.int64)
+    lut = np.full(int(rank.max()) + 1 if len(rank) else 1, -1, np.int64)
+    for r, d in dom.items():
+        if 0 <= int(r) < len(lut):
+            lut[int(r)] = code[d]
+    dcode = lut[rank]
+    gcodes, _names = _str_codes(comm["group"])
+    seq = comm["seq"]
+    ok = (dcode >= 0) & seq.notna().to_numpy() & comm["group"].notna().to_numpy()
+    blocking = comm["blocking"].fillna(False).to_numpy(bool) if "blocking" in comm else np.zeros(len(comm), bool)
+    c = pd.DataFrame({"group": gcodes[ok], "seq": seq.to_numpy()[ok].astype(np.int64), "dom": dcode[ok],
+                      "t_start": comm["t_start"].to_numpy()[ok], "t_end": comm["t_end"].to_numpy()[ok],
+                      "blocking": blocking[ok]})
+    g = c.groupby(["group", "seq", "dom"], sort=True)
     out = g.agg(min_start=("t_start", "min"), max_start=("t_start", "max"), min_end=("t_end", "min"),
                 max_end=("t_end", "max"), med_end=("t_end", "median"), blocking=("blocking", "all"))
-    out = out.reset_index()
-    out["dom"] = out["dom"].map(lambda i: keys[i])
-    return out
+    return out.reset_index()
 
 
 def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple):
@@ -160,15 +168,16 @@ def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple):
     return int(round(off)), unc, (lo, hi), int(len(j)), method
 
 
-def _violations(pairs: pd.DataFrame, offsets: Dict[int, int], dom: Dict[int, tuple], d: tuple) -> int:
-    """Instances in which a rank of domain ``d`` completes, after alignment,
-    before the last issuer (of any domain) issued."""
-    dom_off = {}
-    for r, x in dom.items():
-        dom_off.setdefault(x, offsets.get(r, 0))
-    p = pairs.assign(off=pairs["dom"].map(dom_off).astype(np.int64))
-    p = p.assign(s=p["max_start"] + p["off"], e=p["min_end"] + p["off"])
-    last = p.groupby(["group", "seq"])["s"].transform("max")
-    mine = p["dom"].map(lambda x: x == d).astype(bool)
-    multi = p.groupby(["group", "seq"])["dom"].transform("size") > 1
-    return int(((p["e"] < last) & mine & multi).sum())
+def _violations(pairs: pd.DataFrame, dom_off: np.ndarray, n_domains: int) -> List[int]:
+    """Per domain: instances in which one of its ranks completes, after
+    alignment, before the last issuer (of any domain) issued."""
+    d = pairs["dom"].to_numpy(np.int64)
+    off = dom_off[d]
+    s = pairs["max_start"].to_numpy(np.float64) + off
+    e = pairs["min_end"].to_numpy(np.float64) + off
+    key = pairs.groupby(["group", "seq"], sort=False).ngroup().to_numpy()
+    last = np.full(key.max() + 1 if len(key) else 0, -np.inf)
+    np.maximum.at(last, key, s)
+    multi = np.bincount(key, minlength=len(last))[key] > 1
+    bad = (e < last[key]) & multi
+    return np.bincount(d[bad], minlength=n_domains).astype(int).tolist()

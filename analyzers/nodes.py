@@ -39,11 +39,42 @@ def group_scope(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> Dict[str
     """group name -> 'intra-node' | 'inter-node' (from the ranks seen in it)."""
     if comm is None or comm.empty:
         return {}
-    out = {}
-    for g, ranks in comm.groupby(comm["group"].astype(str))["rank"]:
-        hs = {hosts.get(int(r), "?") for r in ranks.unique()}
-        out[g] = "inter-node" if len(hs) > 1 else "intra-node"
-    return out
+    gcodes, gnames = _str_codes(comm["group"])
+    hcode = _host_codes(comm["rank"].to_numpy(), hosts)
+    width = int(hcode.max()) + 1 if len(hcode) else 1
+    pairs = np.unique(gcodes.astype(np.int64) * width + hcode)
+    n_hosts = np.bincount(pairs // width, minlength=len(gnames))
+    return {g: ("inter-node" if n_hosts[i] > 1 else "intra-node") for i, g in enumerate(gnames)
+            if n_hosts[i] > 0}
+
+
+def _str_codes(col: pd.Series):
+    """(integer code per row, the distinct values as strings), without
+    converting every row to a string: a categorical's own codes, else a hash
+    factorisation. Missing values are one more value, 'nan' (as astype(str))."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy().astype(np.int64)
+        names = [str(c) for c in col.cat.categories]
+        if (codes < 0).any():
+            codes = np.where(codes < 0, len(names), codes)
+            names.append("nan")
+        return codes, names
+    codes, uniq = pd.factorize(col, use_na_sentinel=False)
+    return codes.astype(np.int64), [str(u) for u in uniq]
+
+
+def _host_codes(ranks: np.ndarray, hosts: Dict[int, str]) -> np.ndarray:
+    """Per row, an integer code of its rank's host (unknown hosts: one code, '?')."""
+    r = np.asarray(ranks, np.int64)
+    if not len(r):
+        return np.zeros(0, np.int64)
+    names = sorted(set(hosts.values()) | {"?"})
+    code = {h: i for i, h in enumerate(names)}
+    lut = np.full(int(r.max()) + 1, code["?"], np.int64)
+    for rank, h in hosts.items():
+        if 0 <= int(rank) < len(lut):
+            lut[int(rank)] = code[h]
+    return lut[r]
 
 
 def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataFrame:
@@ -73,6 +104,7 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     s = steps.assign(host=steps["rank"].map(lambda r: hosts.get(int(r), "?")))
     late = lateness.assign(host=lateness["rank"].map(lambda r: hosts.get(int(r), "?"))) \
         if len(lateness) else pd.DataFrame(columns=["host", "lateness_ms", "last_pct"])
+    busbw = _host_busbw(comm, hosts)
     rows = []
     for h, g in s.groupby("host"):
         total = float(g["step_time"].sum())
@@ -85,26 +117,38 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
             "comm_pct": pct["comm"], "data_pct": pct["data"], "compute_pct": pct["compute"],
             "lateness_ms": float(lh["lateness_ms"].mean()) if len(lh) else np.nan,
             "last_pct": float(lh["last_pct"].sum()) if len(lh) else np.nan,
-            "inter_busbw_GBps": _host_busbw(comm, hosts, h),
+            "inter_busbw_GBps": busbw.get(h, np.nan),
         })
     return pd.DataFrame(rows, columns=HOST_COLUMNS)
 
 
-def _host_busbw(comm, hosts, h) -> float:
-    """Median busbw of this host's ranks' inter-node all_reduce calls."""
+def _host_busbw(comm, hosts) -> Dict[str, float]:
+    """Per host: the median busbw of its ranks' inter-node all_reduce calls
+    (one pass over the calls: host and group as integer codes)."""
     if comm is None or comm.empty:
-        return np.nan
+        return {}
     scope = group_scope(comm, hosts)
-    c = comm[(comm["group"].astype(str).map(scope) == "inter-node")
-             & (comm["name"].astype(str) == "all_reduce")
-             & (comm["rank"].map(lambda r: hosts.get(int(r)) == h))]
-    if c.empty:
-        return np.nan
-    lat = (c["t_end"] - c["t_start"]).astype(np.float64) / 1e9
+    gcodes, gnames = _str_codes(comm["group"])
+    inter = np.array([scope.get(g) == "inter-node" for g in gnames], bool)
+    ncodes, nnames = _str_codes(comm["name"])
+    is_ar = np.array([n == "all_reduce" for n in nnames], bool)
+    sel = inter[gcodes] & is_ar[ncodes]
+    if not sel.any():
+        return {}
+    c = comm[sel]
+    lat = (c["t_end"].to_numpy(np.float64) - c["t_start"].to_numpy(np.float64)) / 1e9
     with np.errstate(divide="ignore", invalid="ignore"):
-        bw = np.where(lat > 0, c["bytes"].astype(np.float64) / lat / 1e9, np.nan) \
+        bw = np.where(lat > 0, c["bytes"].to_numpy(np.float64) / lat / 1e9, np.nan) \
             * bus_factor("all_reduce", c["group_size"].astype(np.float64).to_numpy())
-    return float(np.nanmedian(bw)) if np.isfinite(bw).any() else np.nan
+    names = sorted(set(hosts.values()) | {"?"})
+    hc = _host_codes(c["rank"].to_numpy(), hosts)
+    out = {}
+    frame = pd.DataFrame({"h": hc, "bw": bw})
+    med = frame[np.isfinite(frame["bw"])].groupby("h")["bw"].median()
+    for code, v in med.items():
+        if names[int(code)] != "?" or "?" in hosts.values():
+            out[names[int(code)]] = float(v)
+    return out
 
 
 def slow_host(table: pd.DataFrame, rel: float = 0.10, abs_ms: float = 1.0) -> Optional[dict]:

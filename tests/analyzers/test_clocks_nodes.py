@@ -49,11 +49,12 @@ def test_offset_found_and_wall_clock_error_corrected():
 
 def test_causality_violations_are_counted_for_a_bad_offset():
     comm = comm_rows()
-    pairs = clocks._instances(comm, {0: ("a", "same"), 1: ("b", "same")})
+    dom = {0: ("a", "same"), 1: ("b", "same")}
+    pairs = clocks._instances(comm, dom, {("a", "same"): 0, ("b", "same"): 1})
     # host b's times put 40 ms too late: rank 1 seems to issue after rank 0
-    # completed, in every instance
-    bad = {0: 0, 1: -1000 * S + 40_000_000}
-    assert clocks._violations(pairs, bad, {0: ("a", "same"), 1: ("b", "same")}, ("a", "same")) == 40
+    # completed, in every instance (counted for host a, whose ranks complete too early)
+    bad = np.array([0, -1000 * S + 40_000_000], np.int64)
+    assert clocks._violations(pairs, bad, 2)[0] == 40
 
 
 def test_without_shared_collectives_the_wall_clock_is_kept():
