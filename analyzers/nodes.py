@@ -82,17 +82,25 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataF
     if comm is None or comm.empty or "name" not in comm:
         return pd.DataFrame(columns=SCOPE_COLUMNS)
     scope = group_scope(comm, hosts)
-    c = comm.assign(scope=comm["group"].astype(str).map(scope), op=comm["name"].astype(str))
-    c = c[c["scope"].notna()]
-    lat = (c["t_end"] - c["t_start"]).astype(np.float64) / 1e9
+    gcodes, gnames = _str_codes(comm["group"])
+    scope_of = np.array([{"intra-node": 0, "inter-node": 1}.get(scope.get(g), -1) for g in gnames], np.int64)
+    sc = scope_of[gcodes]
+    ocodes, onames = _str_codes(comm["name"])
+    keep = sc >= 0
+    lat = (comm["t_end"].to_numpy(np.float64) - comm["t_start"].to_numpy(np.float64)) / 1e9
+    nbytes = comm["bytes"].to_numpy(np.float64)
+    gsize = comm["group_size"].to_numpy(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        algbw = np.where(lat > 0, c["bytes"].astype(np.float64) / lat / 1e9, np.nan)
-    c = c.assign(lat_ms=lat * 1e3, algbw=algbw)
+        algbw = np.where(lat > 0, nbytes / lat / 1e9, np.nan)
+    key = ocodes * 2 + sc
     rows = []
-    for (op, sc), g in c.groupby(["op", "scope"]):
-        bus = g["algbw"].to_numpy() * bus_factor(op, g["group_size"].astype(np.float64).to_numpy())
-        rows.append({"op": op, "scope": sc, "calls": len(g), "bytes_per_call": float(g["bytes"].mean()),
-                     "lat_ms_p50": float(g["lat_ms"].median()),
+    order = sorted(((onames[k // 2], ("intra-node", "inter-node")[k % 2]), k) for k in np.unique(key[keep]))
+    for (op, sc_name), k in order:
+        sel = keep & (key == k)
+        bus = algbw[sel] * bus_factor(op, gsize[sel])
+        rows.append({"op": op, "scope": sc_name, "calls": int(sel.sum()), "bytes_per_call": float(np.nanmean(nbytes[sel]))
+                     if np.isfinite(nbytes[sel]).any() else np.nan,
+                     "lat_ms_p50": float(np.median(lat[sel] * 1e3)),
                      "busbw_GBps": float(np.nanmedian(bus)) if np.isfinite(bus).any() else np.nan})
     return pd.DataFrame(rows, columns=SCOPE_COLUMNS)
 
@@ -101,7 +109,8 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
              comm: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     if steps.empty or len(set(hosts.values())) <= 1:
         return pd.DataFrame(columns=HOST_COLUMNS)
-    s = steps.assign(host=steps["rank"].map(lambda r: hosts.get(int(r), "?")))
+    names = sorted(set(hosts.values()) | {"?"})
+    s = steps.assign(host=np.array(names, dtype=object)[_host_codes(steps["rank"].to_numpy(), hosts)])
     late = lateness.assign(host=lateness["rank"].map(lambda r: hosts.get(int(r), "?"))) \
         if len(lateness) else pd.DataFrame(columns=["host", "lateness_ms", "last_pct"])
     busbw = _host_busbw(comm, hosts)
