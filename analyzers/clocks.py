@@ -134,13 +134,30 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]
     seq = comm["seq"]
     ok = (dcode >= 0) & seq.notna().to_numpy() & comm["group"].notna().to_numpy()
     blocking = comm["blocking"].fillna(False).to_numpy(bool) if "blocking" in comm else np.zeros(len(comm), bool)
-    c = pd.DataFrame({"group": gcodes[ok], "seq": seq.to_numpy()[ok].astype(np.int64), "dom": dcode[ok],
-                      "t_start": comm["t_start"].to_numpy()[ok], "t_end": comm["t_end"].to_numpy()[ok],
-                      "blocking": blocking[ok]})
-    g = c.groupby(["group", "seq", "dom"], sort=True)
-    out = g.agg(min_start=("t_start", "min"), max_start=("t_start", "max"), min_end=("t_end", "min"),
-                max_end=("t_end", "max"), med_end=("t_end", "median"), blocking=("blocking", "all"))
-    return out.reset_index()
+    grp, sq, dm = gcodes[ok], seq.to_numpy()[ok].astype(np.int64), dcode[ok]
+    t0 = comm["t_start"].to_numpy()[ok].astype(np.int64)
+    t1 = comm["t_end"].to_numpy()[ok].astype(np.int64)
+    blk = blocking[ok]
+    cols = ["group", "seq", "dom", "min_start", "max_start", "min_end", "max_end", "med_end", "blocking"]
+    if not len(grp):
+        return pd.DataFrame(columns=cols)
+    # one sort by (group, seq, dom, completion): groups are runs, the median is read off each run's middle
+    sq0 = sq - sq.min()
+    n_dom = int(dm.max()) + 1
+    key = (grp * (int(sq0.max()) + 1) + sq0) * n_dom + dm
+    order = np.lexsort((t1, key))
+    key, t0, t1, blk = key[order], t0[order], t1[order], blk[order]
+    first = np.concatenate([[0], np.flatnonzero(key[1:] != key[:-1]) + 1])
+    size = np.diff(np.concatenate([first, [len(key)]]))
+    lo, hi = first + (size - 1) // 2, first + size // 2
+    k = key[first]
+    out = pd.DataFrame({
+        "group": k // n_dom // (int(sq0.max()) + 1), "seq": k // n_dom % (int(sq0.max()) + 1) + sq.min(),
+        "dom": k % n_dom,
+        "min_start": np.minimum.reduceat(t0, first), "max_start": np.maximum.reduceat(t0, first),
+        "min_end": t1[first], "max_end": t1[first + size - 1], "med_end": (t1[lo].astype(np.float64) + t1[hi]) / 2,
+        "blocking": np.minimum.reduceat(blk.astype(np.uint8), first).astype(bool)})
+    return out[cols]
 
 
 def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple):
