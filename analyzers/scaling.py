@@ -16,6 +16,9 @@ samples/s when the dataset size is known.
 """
 from __future__ import annotations
 
+import threading
+import time
+
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
 
@@ -59,6 +62,8 @@ class RunAnalysis:
     #: the fine grain (analyzers/buckets.py), aligned clocks, <= buckets.MAX_STEPS steps per rank
     fine_phases: pd.DataFrame = field(default_factory=pd.DataFrame)     # per (rank, step)
     fine_grads: pd.DataFrame = field(default_factory=pd.DataFrame)      # per (rank, step, bucket)
+    #: seconds spent per analysis stage (``commprof report --timings``)
+    timings: Dict[str, float] = field(default_factory=dict)
 
     @property
     def n_steps(self) -> int:
@@ -100,7 +105,20 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     fine_gr: List[pd.DataFrame] = []
     tl_src = None
 
+    spent: Dict[str, float] = {}
+    t_start = time.perf_counter()
+    lock = threading.Lock()
+
     def work(chunk):
+        c0 = time.thread_time()
+        try:
+            return _work(chunk)
+        finally:
+            with lock:
+                key = "per-chunk sweep, CPU in the workers"
+                spent[key] = spent.get(key, 0.0) + time.thread_time() - c0
+
+    def _work(chunk):
         ev = Events.of(chunk)
         steps = breakdown.measured(breakdown.per_step(ev), warmup)
         if steps.empty:
@@ -188,13 +206,19 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 else:
                     tl = timeline(_small_window(chunk, steps), steps)
             del chunk
+    spent["read and per-chunk sweep (wall)"] = time.perf_counter() - t_start
     # hosts' clocks are aligned from all ranks' collectives before the
     # cross-rank statistics (arrival skew) are folded
+    t0 = time.perf_counter()
     cframe = _align_frame(comms) if multi_host else None
     offsets, clock_table = clocks.align(cframe, rank_metas)
+    spent["clock alignment"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     for comm in comms:
         colls.add(comm, offsets)
     del comms
+    if multi_host:
+        spent["collectives folded on aligned clocks"] = time.perf_counter() - t0
     if tl_src is not None:
         win = tl_src[0].copy()
         off = win["rank"].map(offsets).fillna(0).astype(np.int64)
@@ -225,15 +249,16 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                   if m.get("ddp_buckets")), None)
     if names:
         meta["ddp_buckets"] = names
+    t0 = time.perf_counter()
+    per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
+    scope = nodes.scope_table(cframe, hosts) if len(set(hosts.values())) > 1 else pd.DataFrame()
+    spent["per-host and scope tables"] = time.perf_counter() - t0
     return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
                        pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
                        pd.concat(phases, ignore_index=True) if phases else pd.DataFrame(),
                        pd.concat(kshares, ignore_index=True) if kshares else pd.DataFrame(),
                        pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame(),
-                       clock_table, offsets, hosts,
-                       nodes.per_host(steps, colls.rank_lateness(), hosts, cframe),
-                       nodes.scope_table(cframe, hosts) if len(set(hosts.values())) > 1 else pd.DataFrame(),
-                       fph, fgr)
+                       clock_table, offsets, hosts, per_host, scope, fph, fgr, timings=spent)
 
 
 def model_flops(rank_metas: List[dict]) -> Optional[float]:

@@ -248,10 +248,21 @@ class Comparison:
     batch_size: Optional[int] = None
     group_by: Optional[Sequence[str]] = None
     _report: object = None
+    _runs: object = None
+    #: seconds of the last analysis: per run its stages, then the report's tables
+    timings: object = None
 
     def report(self):
         if self._report is None:
-            self._report, _runs = analyze(self.traces, self.warmup, self.batch_size, self.group_by)
+            import time
+
+            t0 = time.perf_counter()
+            self._report, self._runs = analyze(self.traces, self.warmup, self.batch_size, self.group_by)
+            total = time.perf_counter() - t0
+            stages = [(f"{os.path.basename(str(r.meta.get('path', '')))}: {k}", v)
+                      for r in (self._runs or []) for k, v in r.timings.items()]
+            runs_wall = sum(v for k, v in stages if not k.endswith("CPU in the workers"))
+            self.timings = stages + [("open, tables and findings", max(total - runs_wall, 0.0)), ("total", total)]
         return self._report
 
     def breakdown(self) -> pd.DataFrame:

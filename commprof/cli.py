@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--group-by", default=None, metavar="KEYS",
                      help="comma-separated metadata keys that define a configuration "
                           "(default: framework,loader,model,batch_size + labels)")
+    rep.add_argument("--timings", action="store_true",
+                     help="print the seconds spent per analysis stage to stderr (to find a slow stage)")
     rep.add_argument("--peak-tflops", type=float, default=None, metavar="T",
                      help="the GPU's peak TFLOP/s for MFU (default: a table of common GPUs by device name)")
     _face_options(rep)
@@ -593,7 +595,11 @@ def cmd_report(args) -> int:
         from .analyzers import scaling
 
         scaling.PEAK_OVERRIDE["peak"] = args.peak_tflops
-    report = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by).report()
+    import time
+
+    cmp_ = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by)
+    report = cmp_.report()
+    t_render = time.perf_counter()
     fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"
     shown = _select(report, args)
     if fmt == "csv":
@@ -607,4 +613,8 @@ def cmd_report(args) -> int:
     if args.out_dir:
         written = render.write_all(report, args.out_dir)
         sys.stderr.write(f"commprof: wrote {', '.join(written)}\n")
+    if args.timings:
+        stages = list(cmp_.timings or []) + [("render and write", time.perf_counter() - t_render)]
+        width = max(len(k) for k, _ in stages)
+        sys.stderr.write("commprof: time per stage\n" + "".join(f"  {k:<{width}}  {v:8.2f} s\n" for k, v in stages))
     return 0
