@@ -469,7 +469,8 @@ def cmd_export(args) -> int:
 
     with Bar("exporting", None, "ranks") as bar:
         paths = export_chrome(load(args.trace), args.output, steps=steps, ranks=ranks, per_rank=args.per_rank,
-                              on_rank=lambda done, total: (setattr(bar, "total", total), bar.advance(1)))
+                              on_rank=lambda done, total: (setattr(bar, "total", total), bar.advance(1)),
+                              warn=lambda text: sys.stderr.write(f"commprof: warning: {text}\n"))
     sys.stderr.write(f"commprof: wrote {', '.join(paths)}\n")
     return 0
 
