@@ -435,7 +435,7 @@ def export_chrome(trace, out: str, steps=None, ranks: Optional[Sequence[int]] = 
     n, done = len(seen), 0
 
     def rank_tables():
-        for table in view.chunks(COLUMNS):
+        for table in view.chunks(COLUMNS, max_rows=1):      # one rank at a time
             if not table.num_rows:
                 continue
             keep = pc.not_equal(table.column("category").cast(pa.string()), "metric")
