@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.commprof-installed
 BASE := $(VENV)/.commprof-base
 DEMO_DIR ?= commprof-demo
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 
 .PHONY: install demo test bench golden clean
 

@@ -30,6 +30,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
+from .codes import str_codes
+
 ALIGN_COLUMNS = ["host", "ranks", "offset_ms", "wall_guess_ms", "correction_ms", "uncertainty_ms",
                  "feasible_lo_ms", "feasible_hi_ms", "instances", "violations", "method"]
 
@@ -122,15 +124,13 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]
     """Per (instance, domain): earliest/latest issue, earliest/latest/median
     completion. Groups and domains as integer codes (no string column is
     built per call)."""
-    from .nodes import _str_codes
-
     rank = comm["rank"].to_numpy(np.int64)
     lut = np.full(int(rank.max()) + 1 if len(rank) else 1, -1, np.int64)
     for r, d in dom.items():
         if 0 <= int(r) < len(lut):
             lut[int(r)] = code[d]
     dcode = lut[rank]
-    gcodes, _names = _str_codes(comm["group"])
+    gcodes, _names = str_codes(comm["group"])
     seq = comm["seq"]
     ok = (dcode >= 0) & seq.notna().to_numpy() & comm["group"].notna().to_numpy()
     blocking = comm["blocking"].fillna(False).to_numpy(bool) if "blocking" in comm else np.zeros(len(comm), bool)

@@ -255,8 +255,11 @@ class Measurements:
         self.source.append(source)
 
     def extend(self, other: "Measurements") -> None:
+        calls: Dict[int, List[int]] = {}
+        for j, o in enumerate(other.obs):
+            calls.setdefault(o, []).append(j)
         for i in range(len(other.time_s)):
-            sel = [j for j, o in enumerate(other.obs) if o == i]
+            sel = calls.get(i, [])
             self.add([(other.op[j], other.nbytes[j]) for j in sel], other.obs_ranks[i], other.obs_ppn[i],
                      other.time_s[i], other.source[i], other.forced[sel[0]] if sel else "")
 
@@ -730,10 +733,13 @@ def frame(model: CostModel, ms: Optional[Measurements], targets: Sequence[int], 
         count = np.bincount(np.asarray(ms.obs, int), minlength=len(ms.time_s))
         pred = predict_obs(model.fits[model.best], ms)
         _t, chosen = predict_calls(model.fits[model.best], ms)
+        first_call: Dict[int, int] = {}
+        for j, o in enumerate(ms.obs):
+            first_call.setdefault(o, j)
         for i in range(len(ms.time_s)):
             if count[i] != 1:
                 continue
-            j = ms.obs.index(i)
+            j = first_call[i]
             op, nb, n = ms.op[j], ms.nbytes[j], ms.obs_ranks[i]
             alg, bus = bandwidths(op, nb, ms.time_s[i], n)
             rows.append({"op": op, "n_ranks": n, "nodes": int(math.ceil(n / ms.obs_ppn[i])), "bytes": int(nb),

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.ops import bus_factor
+from .codes import host_codes as _host_codes, str_codes as _str_codes
 
 HOST_COLUMNS = ["host", "ranks", "step_ms", "work_ms", "comm_pct", "data_pct", "compute_pct",
                 "lateness_ms", "last_pct", "inter_busbw_GBps"]
@@ -46,35 +47,6 @@ def group_scope(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> Dict[str
     n_hosts = np.bincount(pairs // width, minlength=len(gnames))
     return {g: ("inter-node" if n_hosts[i] > 1 else "intra-node") for i, g in enumerate(gnames)
             if n_hosts[i] > 0}
-
-
-def _str_codes(col: pd.Series):
-    """(integer code per row, the distinct values as strings), without
-    converting every row to a string: a categorical's own codes, else a hash
-    factorisation. Missing values are one more value, 'nan' (as astype(str))."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        codes = col.cat.codes.to_numpy().astype(np.int64)
-        names = [str(c) for c in col.cat.categories]
-        if (codes < 0).any():
-            codes = np.where(codes < 0, len(names), codes)
-            names.append("nan")
-        return codes, names
-    codes, uniq = pd.factorize(col, use_na_sentinel=False)
-    return codes.astype(np.int64), [str(u) for u in uniq]
-
-
-def _host_codes(ranks: np.ndarray, hosts: Dict[int, str]) -> np.ndarray:
-    """Per row, an integer code of its rank's host (unknown hosts: one code, '?')."""
-    r = np.asarray(ranks, np.int64)
-    if not len(r):
-        return np.zeros(0, np.int64)
-    names = sorted(set(hosts.values()) | {"?"})
-    code = {h: i for i, h in enumerate(names)}
-    lut = np.full(int(r.max()) + 1, code["?"], np.int64)
-    for rank, h in hosts.items():
-        if 0 <= int(rank) < len(lut):
-            lut[int(rank)] = code[h]
-    return lut[r]
 
 
 def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataFrame:

@@ -475,9 +475,10 @@ def export_chrome(trace, out: str, steps=None, ranks: Optional[Sequence[int]] = 
             for text in _chunk_texts(table, base, hosts):
                 w.write_bytes(text)
             fl.add_table(table)
-            done += len(set(table.column("rank").to_pylist()))
-            if on_rank is not None:
-                on_rank(done, n)
+            for _r in set(table.column("rank").to_pylist()):
+                done += 1
+                if on_rank is not None:
+                    on_rank(done, n)
         for batch in fl.events(base):
             w.write_bytes((batch + ", ").encode())
         w.close()

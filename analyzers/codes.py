@@ -1,0 +1,37 @@
+"""Integer codes for string and host columns (one pass, no string column
+built per row), shared by the per-node and clock analyses."""
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+import pandas as pd
+
+
+def str_codes(col: pd.Series):
+    """(integer code per row, the distinct values as strings), without
+    converting every row to a string: a categorical's own codes, else a hash
+    factorisation. Missing values are one more value, 'nan' (as astype(str))."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy().astype(np.int64)
+        names = [str(c) for c in col.cat.categories]
+        if (codes < 0).any():
+            codes = np.where(codes < 0, len(names), codes)
+            names.append("nan")
+        return codes, names
+    codes, uniq = pd.factorize(col, use_na_sentinel=False)
+    return codes.astype(np.int64), [str(u) for u in uniq]
+
+
+def host_codes(ranks: np.ndarray, hosts: Dict[int, str]) -> np.ndarray:
+    """Per row, an integer code of its rank's host (unknown hosts: one code, '?')."""
+    r = np.asarray(ranks, np.int64)
+    if not len(r):
+        return np.zeros(0, np.int64)
+    names = sorted(set(hosts.values()) | {"?"})
+    code = {h: i for i, h in enumerate(names)}
+    lut = np.full(int(r.max()) + 1, code["?"], np.int64)
+    for rank, h in hosts.items():
+        if 0 <= int(rank) < len(lut):
+            lut[int(rank)] = code[h]
+    return lut[r]
