@@ -362,13 +362,7 @@ def cmd_model(args) -> int:
 
     fmt = args.format if args.format != "table" or not args.output else (render.format_for_path(args.output)
                                                                          or "table")
-    shown = _select(report, args)
-    text = (render.RENDERERS["csv"](table=args.table).render(shown) if fmt == "csv"
-            else _renderer(args, fmt, to_file=bool(args.output)).render(shown))
-    if args.output:
-        atomic_write(args.output, text)
-    else:
-        sys.stdout.write(text)
+    _write_report(report, args, fmt)
     if args.json:
         m = fit_model(args.traces[0])
         m.pop("pieces", None)
@@ -478,12 +472,21 @@ def cmd_export(args) -> int:
 def cmd_predict(args) -> int:
     from . import render
     from .predict import predict
-    from .trace.files import atomic_write
 
     report = predict(args.traces, to=args.to, mode=args.scaling, what_if=args.what_if, bench=args.bench,
                      network=args.network, gpus_per_node=args.gpus_per_node, validate=args.validate,
                      warmup=args.warmup, steps=args.steps, reps=args.reps, seed=args.seed)
     fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"
+    _write_report(report, args, fmt)
+    return 0
+
+
+def _write_report(report, args, fmt: str) -> None:
+    """``--table`` / ``--columns`` applied, rendered in ``fmt`` (csv: one
+    table), written to ``-o`` or stdout."""
+    from . import render
+    from .trace.files import atomic_write
+
     shown = _select(report, args)
     text = (render.RENDERERS["csv"](table=args.table).render(shown) if fmt == "csv"
             else _renderer(args, fmt, to_file=bool(args.output)).render(shown))
@@ -491,7 +494,6 @@ def cmd_predict(args) -> int:
         atomic_write(args.output, text)
     else:
         sys.stdout.write(text)
-    return 0
 
 
 def cmd_sweep(args) -> int:

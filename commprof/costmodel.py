@@ -81,18 +81,9 @@ def _add_trace(ms: cm.Measurements, path: str) -> str:
 
 
 def targets(text: Optional[str]) -> List[int]:
-    out = []
-    for part in (text or "").replace(" ", "").split(","):
-        if not part:
-            continue
-        try:
-            n = int(part)
-        except ValueError:
-            raise UsageError(f"model: --to expects rank counts like 64,256,1024, got {part!r}")
-        if n < 2:
-            raise UsageError("model: rank counts to predict must be >= 2")
-        out.append(n)
-    return sorted(set(out))
+    from .predict import counts
+
+    return counts(text, "model", "rank counts", 2)
 
 
 def cost_model_report(paths: Sequence[str], to: Optional[str] = None, gpus_per_node: Optional[int] = None,

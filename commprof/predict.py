@@ -71,6 +71,12 @@ def load_runs(paths: Sequence[str], warmup: int = 1, group_by=None):
 
 
 def _targets(text: Optional[str]) -> List[int]:
+    return counts(text, "predict", "GPU counts", 1)
+
+
+def counts(text: Optional[str], command: str, what: str, minimum: int) -> List[int]:
+    """``--to 8,16,1024`` as sorted distinct integers >= ``minimum``; bad
+    input is a one-line UsageError naming ``command``."""
     if not text:
         return []
     out = []
@@ -78,13 +84,13 @@ def _targets(text: Optional[str]) -> List[int]:
         if not part:
             continue
         if "..." in part or ".." in part:
-            raise UsageError(f"predict: --to lists GPU counts (8,16,32,...), got {part!r}")
+            raise UsageError(f"{command}: --to lists {what} (8,16,32,...), got {part!r}")
         try:
             n = int(part)
         except ValueError:
-            raise UsageError(f"predict: --to expects GPU counts like 8,16,1024, got {part!r}")
-        if n < 1:
-            raise UsageError("predict: GPU counts must be >= 1")
+            raise UsageError(f"{command}: --to expects {what} like 8,16,1024, got {part!r}")
+        if n < minimum:
+            raise UsageError(f"{command}: {what} must be >= {minimum}")
         out.append(n)
     return sorted(set(out))
 
