@@ -150,8 +150,13 @@ def test_deepspeed_per_call_latency_is_right_where_its_logger_is_not(record):
     c = ev[(ev["rank"] == 0) & (ev["category"] == "comm") & (ev["name"] == "all_reduce")].sort_values("seq")
     ours = ((c["t_end"] - c["t_start"]) / 1e6).tolist()
     assert len(ours) == len(mine) == 8
-    for a, b in zip(ours, mine):
-        assert a <= b + 0.05 and b - a <= 0.25 * b + 0.5, (ours, mine)
+    # Every span lies inside the script's own clock; from the second call on
+    # it covers nearly all of it (the first call also pays one-time set-up in
+    # DeepSpeed's wrapper and gloo, before the collective starts).
+    for i, (a, b) in enumerate(zip(ours, mine)):
+        assert a <= b + 0.05, (ours, mine)
+        if i:
+            assert b - a <= 0.25 * b + 0.5, (ours, mine)
     logged = next(v["latencies_ms"] for k, v in res["deepspeed_logger"].items() if k.startswith("all_reduce"))
     assert logged == sorted(logged)                          # running totals
     assert logged[-1] == pytest.approx(sum(mine), rel=0.3)   # ~ the sum of all calls so far
