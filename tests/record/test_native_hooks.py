@@ -3,6 +3,7 @@ Python ones do: same rows, one sequence numbering with Python-issued
 collectives, no double counting; and a real 2-rank job uses them."""
 import os
 import tempfile
+import time
 
 import pytest
 import torch
@@ -129,12 +130,21 @@ def test_native_hooks_are_unregistered_with_the_session(tmp_path):
                 opt.step()
                 opt.zero_grad()
 
+        def settled():
+            # a bucket's completion callback runs on gloo's thread and may land
+            # just after backward() returns: wait (bounded) for none in flight
+            deadline = time.monotonic() + 10
+            while ext.in_flight() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert ext.in_flight() == 0
+            return ext.drain()
+
         steps(2)
         (hooks,) = sess.instruments["ddp"]._pg_hooked.values()
         ext = hooks.native
-        ext.drain()
+        settled()
         steps(1)
-        assert len(ext.drain()) == 1  # recording: one bucket per step
+        assert len(settled()) == 1  # recording: one bucket per step
         session.stop()
         steps(3)
         assert ext.drain() == [] and ext.in_flight() == 0
