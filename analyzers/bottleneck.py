@@ -36,6 +36,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
+from . import evidence as ev
+
 DATA_BOUND, COMM_BOUND, COMPUTE_BOUND, OTHER_BOUND = 10.0, 20.0, 60.0, 20.0
 STEP_BROADCAST = 2.0  # % of the median step
 
@@ -78,6 +80,76 @@ def _fmt_pct(v) -> str:
     return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.1f} %"
 
 
+def _share(r, cat: str) -> str:
+    """A share with its 95 % interval over steps ("12.3 % (95 %: 10.1-14.5
+    over 29 steps)")."""
+    v, lo, hi = r.get(f"{cat}_pct"), r.get(f"{cat}_pct_lo"), r.get(f"{cat}_pct_hi")
+    if lo is None or pd.isna(lo) or pd.isna(hi):
+        return _fmt_pct(v)
+    n = r.get("share_steps")
+    steps = f" over {int(n)} steps" if n is not None and not pd.isna(n) else ""
+    return f"{_fmt_pct(v)} (95 %: {lo:.1f}-{hi:.1f}{steps})"
+
+
+def _claim(r, cat: str, threshold: float) -> Optional[str]:
+    """None below the threshold; the suffix of the finding above it
+    ("" when the interval clears it, " (near the threshold)" otherwise)."""
+    c = ev.share_claim(r[f"{cat}_pct"], r.get(f"{cat}_pct_lo", np.nan), r.get(f"{cat}_pct_hi", np.nan), threshold)
+    if c is None:
+        return None
+    return "" if c == "above" else f" (near the {threshold:.0f} % threshold)"
+
+
+def _straggler_rows(base: dict, bound: str, st: Optional[pd.DataFrame], ranks: int) -> List[dict]:
+    """Accused ranks with their test, or one line saying what was tested
+    and that the data show no straggler (or too few steps to tell)."""
+    if st is None or not len(st):
+        return []
+    rows = []
+    for _, s in st[st["verdict"] == "straggler"].iterrows():
+        rows.append({**base, "bound": bound, "finding": f"straggler: rank {int(s['rank'])} ({s['metric']})",
+                     "evidence": _straggler_evidence(s, ranks),
+                     "advice": "check that rank's host (thermal/clock throttling, noisy neighbours, "
+                               "slower storage or data shard), its data pipeline and its GPU"})
+    if rows:
+        return rows
+    work = st[st["metric"] == "work"]
+    if not len(work):
+        return []
+    s = work.iloc[0]
+    if s["verdict"] == "too few steps":
+        return [{**base, "bound": "evidence", "finding": "stragglers: too few steps to tell",
+                 "evidence": f"{int(s['steps'])} measured steps; with {ranks} ranks a rank slower than the "
+                             f"median in every step is told from chance only after {int(s['needed'])} steps",
+                 "advice": f"record at least {int(s['needed'])} steps after the warm-up"}]
+    arr = st[st["metric"] == "arrival"]
+    more = ""
+    if len(arr):
+        a = arr.iloc[0]
+        more = (f"; last to arrive most often: rank {int(a['rank'])}, in {int(a['late_steps'])} of "
+                f"{int(a['steps'])} steps (p = {ev.format_p(a['p'])})")
+    return [{**base, "bound": "evidence", "finding": "no straggler",
+             "evidence": f"most suspect in work: rank {int(s['rank'])}, above the median of the other ranks in "
+                         f"{int(s['late_steps'])} of {int(s['steps'])} steps by {s['excess_ms']:.2f} ms "
+                         f"(median; 95 %: {s['excess_lo_ms']:.2f} to {s['excess_hi_ms']:.2f}); "
+                         f"p = {ev.format_p(s['p'])} corrected over {ranks} ranks: consistent with chance{more}",
+             "advice": "no rank to fix: the slowest rank changes from step to step (jitter); "
+                       "fewer host-side stalls (data, Python) even out the ranks"}]
+
+
+def _straggler_evidence(s, ranks: int) -> str:
+    if s["metric"] == "arrival":
+        return (f"arrived last at the collectives in {int(s['late_steps'])} of {int(s['steps'])} steps "
+                f"(chance {100 / ranks:.0f} % each; p = {ev.format_p(s['p'])} corrected over {ranks} ranks); "
+                f"mean lateness {s['value_ms']:.2f} ms vs the median rank's {s['median_ms']:.2f} ms")
+    return (f"above the median of the other ranks in {int(s['late_steps'])} of {int(s['steps'])} steps (sign test p = "
+            f"{ev.format_p(s['p'])} corrected over {ranks} ranks) by {s['excess_ms']:.2f} ms (median; 95 %: "
+            f"{s['excess_lo_ms']:.2f} to {s['excess_hi_ms']:.2f}), +{s['excess_pct']:.0f} % "
+            f"({s['value_ms']:.2f} vs the others' median {s['median_ms']:.2f} ms)")
+
+
+_CAT = {"data": "data", "communication": "comm", "compute": "compute", "other": "other"}
+
 #: parallel efficiency (%) above which a compute-bound configuration "scales well"
 SCALES_WELL = 90.0
 
@@ -94,7 +166,8 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
         bound = max(shares, key=lambda k: -1 if pd.isna(shares[k]) else shares[k])
         ev_shares = (f"step time: comm {_fmt_pct(r['comm_pct'])}, data {_fmt_pct(r['data_pct'])}, "
                      f"compute {_fmt_pct(r['compute_pct'])}, other {_fmt_pct(r['other_pct'])}")
-        if r["data_pct"] >= DATA_BOUND:
+        claim = _claim(r, "data", DATA_BOUND)
+        if claim is not None:
             loader = str(r.get("loader") or "")
             if loader == "dali":
                 advice = ("the DALI pipeline itself cannot keep up: more DALI threads, prefetch queue depth, "
@@ -104,16 +177,17 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
                 wtxt = f" (now {int(w)})" if w is not None and not pd.isna(w) else ""
                 advice = (f"more DataLoader workers{wtxt}, pin_memory=True, persistent_workers, a larger "
                           "prefetch_factor; or NVIDIA DALI to decode and augment on the GPU")
-            rows.append({**base, "bound": bound, "finding": "data loading stalls training",
-                         "evidence": f"data wait {_fmt_pct(r['data_pct'])} of {ev_shares}", "advice": advice})
-        if r["comm_pct"] >= COMM_BOUND:
+            rows.append({**base, "bound": bound, "finding": "data loading stalls training" + claim,
+                         "evidence": f"data wait {_share(r, 'data')}; {ev_shares}", "advice": advice})
+        claim = _claim(r, "comm", COMM_BOUND)
+        if claim is not None:
             c = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"])] if len(colls) else colls
             calls_per_step = float(c["calls_per_step"].sum()) / _runs(r) if len(c) else 0.0
             med_bytes = float(np.average(c["bytes_per_call"], weights=c["calls"])) if len(c) and c["calls"].sum() else 0.0
             overlap = r.get("overlap_pct", np.nan)
             sk = skew.get(key)
             wait = float(np.nanmax(sk["wait_pct"])) if sk is not None and len(sk) else np.nan
-            evidence = (f"exposed comm {_fmt_pct(r['comm_pct'])} of step time, overlap "
+            evidence = (f"exposed comm {_share(r, 'comm')} of step time, overlap "
                         f"{_fmt_pct(overlap)}, {calls_per_step:.1f} collectives/step averaging "
                         f"{med_bytes / 2**20:.2f} MiB")
             if calls_per_step >= 8 and med_bytes < 2**20:
@@ -130,7 +204,7 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
                 rows.append({**base, "bound": bound, "finding": "ranks wait for late peers in collectives",
                              "evidence": f"{evidence}; {wait:.0f} % of collective time is arrival skew",
                              "advice": "fix the imbalance before tuning the network (see stragglers)"})
-            rows.append({**base, "bound": bound, "finding": "communication-bound",
+            rows.append({**base, "bound": bound, "finding": "communication-bound" + claim,
                          "evidence": evidence,
                          "advice": "send fewer bytes (fp16/bf16 gradients or a compression comm hook), "
                                    "a larger per-rank batch, hierarchical/NCCL tuning; DeepSpeed: the lowest "
@@ -138,7 +212,9 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
         bc = _step_broadcast(r, colls, skew.get(key))
         if bc is not None:
             rows.append({**base, "bound": bound, **bc})
-        if r["compute_pct"] >= COMPUTE_BOUND:
+        claim = _claim(r, "compute", COMPUTE_BOUND)
+        if claim is not None:
+            ev_compute = f"compute {_share(r, 'compute')}; {ev_shares}"
             # a scaling claim needs a scaling measurement: >= 2 GPU counts of
             # this configuration and the efficiency at this one
             counts = breakdown[breakdown["config"] == r["config"]]["gpus"].nunique()
@@ -146,27 +222,26 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
             if counts >= 2 and r["gpus"] > breakdown[breakdown["config"] == r["config"]]["gpus"].min() \
                     and eff is not None and not pd.isna(eff):
                 word = "compute-bound (scales well)" if eff >= SCALES_WELL else "compute-bound"
-                ev = f"{ev_shares}; parallel efficiency {eff:.0f} % (speedup {r.get('speedup', float('nan')):.2f})"
+                text = (f"{ev_compute}; parallel efficiency {eff:.0f} % "
+                        f"(speedup {r.get('speedup', float('nan')):.2f})")
             else:
-                word, ev = "compute-bound", ev_shares + ("; one GPU count measured: nothing is known about scaling"
-                                                          if counts < 2 else "")
-            rows.append({**base, "bound": bound, "finding": word, "evidence": ev,
+                word, text = "compute-bound", ev_compute + ("; one GPU count measured: nothing is known about "
+                                                             "scaling" if counts < 2 else "")
+            rows.append({**base, "bound": bound, "finding": word + claim, "evidence": text,
                          "advice": "speed up the model itself: mixed precision, channels_last, cuDNN "
                                    "benchmark mode, a larger batch per GPU"})
-        if r["other_pct"] >= OTHER_BOUND:
-            rows.append({**base, "bound": bound, "finding": "time outside recorded regions", "evidence": ev_shares,
+        claim = _claim(r, "other", OTHER_BOUND)
+        if claim is not None:
+            rows.append({**base, "bound": bound, "finding": "time outside recorded regions" + claim,
+                         "evidence": f"other {_share(r, 'other')}; {ev_shares}",
                          "advice": "profile the loop body: logging, .item()/host syncs, Python overheads"})
-        st = straggler.get(key)
-        if st is not None and len(st):
-            for _, s in st.iterrows():
-                rows.append({**base, "bound": bound, "finding": f"straggler: rank {int(s['rank'])} ({s['metric']})",
-                             "evidence": f"late in {s['late_pct']:.0f} % of steps by {s['excess_ms']:.2f} ms "
-                                         f"on average ({s['value_ms']:.2f} vs median {s['median_ms']:.2f} ms)",
-                             "advice": "check that rank's host (thermal/clock throttling, noisy neighbours, "
-                                       "slower storage or data shard), its data pipeline and its GPU"})
+        strag = _straggler_rows(base, bound, straggler.get(key), int(r["gpus"]))
+        rows += [x for x in strag if x["bound"] != "evidence"]
         if not any(x["config"] == r["config"] and x["gpus"] == r["gpus"] for x in rows):
-            rows.append({**base, "bound": bound, "finding": f"{bound} dominates", "evidence": ev_shares,
+            rows.append({**base, "bound": bound, "finding": f"{bound} dominates",
+                         "evidence": f"{bound} {_share(r, _CAT[bound])}; {ev_shares}",
                          "advice": "no single bottleneck above the thresholds"})
+        rows += [x for x in strag if x["bound"] == "evidence"]
     rows += trends(breakdown)
     return pd.DataFrame(rows, columns=["config", "gpus", "bound", "finding", "evidence", "advice"])
 
@@ -196,6 +271,24 @@ def node_findings(node_tables: Dict[tuple, pd.DataFrame], mismatches: Dict[tuple
     return pd.DataFrame(rows, columns=["config", "gpus", "bound", "finding", "evidence", "advice"])
 
 
+def _pm(r, col: str) -> str:
+    """"12.3 % (±1.1)": a share and the half-width of its 95 % interval."""
+    lo, hi = r.get(f"{col}_lo", np.nan), r.get(f"{col}_hi", np.nan)
+    if lo is None or pd.isna(lo) or pd.isna(hi):
+        return f"{r[col]:.1f} %"
+    return f"{r[col]:.1f} % (±{(hi - lo) / 2:.1f})"
+
+
+def _direction(a, b, col: str) -> str:
+    """grows / falls, or "does not change measurably" when the two 95 %
+    intervals overlap."""
+    alo, ahi, blo, bhi = (a.get(f"{col}_lo", np.nan), a.get(f"{col}_hi", np.nan),
+                          b.get(f"{col}_lo", np.nan), b.get(f"{col}_hi", np.nan))
+    if not any(pd.isna(x) for x in (alo, ahi, blo, bhi)) and blo <= ahi and alo <= bhi:
+        return "does not change measurably (intervals overlap)"
+    return "grows" if b[col] > a[col] else "falls"
+
+
 def trends(breakdown: pd.DataFrame) -> List[dict]:
     out = []
     for config, g in breakdown.groupby("config"):
@@ -206,8 +299,8 @@ def trends(breakdown: pd.DataFrame) -> List[dict]:
         parts = []
         for col, name in (("comm_pct", "communication"), ("data_pct", "data loading"),
                           ("compute_pct", "compute")):
-            parts.append(f"{name} share {'grows' if b[col] > a[col] else 'falls'} from {a[col]:.1f} % at "
-                         f"{int(a['gpus'])} to {b[col]:.1f} % at {int(b['gpus'])} GPUs")
+            parts.append(f"{name} share {_direction(a, b, col)} from {_pm(a, col)} at "
+                         f"{int(a['gpus'])} to {_pm(b, col)} at {int(b['gpus'])} GPUs")
         eff = b.get("efficiency_pct")
         if eff is not None and not pd.isna(eff):
             parts.append(f"parallel efficiency {eff:.0f} % at {int(b['gpus'])} GPUs")

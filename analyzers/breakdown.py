@@ -182,6 +182,22 @@ def shares(steps: pd.DataFrame) -> dict:
     return out
 
 
+def share_intervals(steps: pd.DataFrame) -> dict:
+    """Per category: the 95 % interval of its time-weighted share over
+    steps (every rank's time summed per step; analyzers/evidence.py's
+    ratio estimator), as ``{cat}_lo`` / ``{cat}_hi``, plus ``steps_n``."""
+    from .evidence import ratio_interval
+
+    if steps.empty:
+        return {"steps_n": 0, **{f"{c}_{e}": float("nan") for c in CATEGORIES for e in ("lo", "hi")}}
+    per = steps.groupby("step")[list(CATEGORIES) + ["step_time"]].sum()
+    out = {"steps_n": int(len(per))}
+    for c in CATEGORIES:
+        _, lo, hi, _ = ratio_interval(per[c].to_numpy(), per["step_time"].to_numpy())
+        out[f"{c}_lo"], out[f"{c}_hi"] = lo, hi
+    return out
+
+
 def rank_spread(steps: pd.DataFrame, column: str) -> tuple:
     """(min, max) over ranks of a category's share of that rank's step time."""
     if steps.empty:

@@ -22,7 +22,7 @@ wall-clock offset.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import pandas as pd
@@ -431,6 +431,26 @@ class CollectiveStats:
                          "skew_ms_p95": float(np.percentile(g["skew_ms"], 95)), "transfer_ms_mean": tr,
                          "wait_pct": 100.0 * skew / (skew + tr) if skew + tr > 0 else np.nan})
         return pd.DataFrame(rows, columns=cols)
+
+    def last_by_block(self, n_blocks: int) -> List[Optional[int]]:
+        """The rank that arrived last most often in each of ``n_blocks``
+        consecutive blocks of the busiest group's instances (one block per
+        measured step: the collectives of one step are not independent
+        trials). A block whose most-often-last rank is tied has none."""
+        inst = self._inst
+        if inst is None or n_blocks < 1:
+            return []
+        multi = inst[(inst["n"] > 1) & inst["last_rank"].notna()]
+        if multi.empty:
+            return []
+        g = multi["group"].value_counts().index[0]
+        last = multi[multi["group"] == g].sort_values("seq")["last_rank"].to_numpy(dtype=np.int64)
+        out: List[Optional[int]] = []
+        for block in np.array_split(last, min(n_blocks, len(last))):
+            vals, counts = np.unique(block, return_counts=True)
+            top = counts.max()
+            out.append(int(vals[counts.argmax()]) if (counts == top).sum() == 1 else None)
+        return out
 
     def rank_lateness(self) -> pd.DataFrame:
         """Per rank: mean lateness (ms) of its arrival behind the earliest

@@ -7,10 +7,11 @@
   collectives, and how often one of its ranks was the last to arrive.
 - ``scope_table``: collectives split by scope: *intra-node* (every rank of
   the group on one host) or *inter-node* (the group spans hosts).
-- ``slow_host``: the host to name when one host is persistently behind: its
-  work per step exceeds the other hosts' median by > 10 % and 1 ms, or its
-  ranks arrive last at > 50 % of the collectives and its mean lateness is
-  > 1 ms. Slowed ranks show as extra work. A slowed *link* slows every
+- ``slow_host``: the host to name when one host is behind beyond chance:
+  per step, the mean work of its ranks exceeds the other hosts' median more often
+  than a fair coin gives (sign test, Bonferroni over the hosts, at the
+  rule's share of the report's 5 % false-accusation budget) by at least
+  0.25 ms and 2 % (analyzers/evidence.py). Slowed ranks show as extra work. A slowed *link* slows every
   rank of a ring collective alike, so collective timings alone cannot say
   whose link it is (the per-host inter-node busbw column shows the drop;
   which node needs point-to-point tests).
@@ -24,9 +25,12 @@ import pandas as pd
 
 from ..trace.ops import bus_factor
 from .codes import host_codes as _host_codes, str_codes as _str_codes
+from .evidence import format_p
+from .stragglers import sign_tests
 
 HOST_COLUMNS = ["host", "ranks", "step_ms", "work_ms", "comm_pct", "data_pct", "compute_pct",
-                "lateness_ms", "last_pct", "inter_busbw_GBps"]
+                "lateness_ms", "last_pct", "inter_busbw_GBps", "late_steps", "steps", "excess_ms", "p", "needed",
+                "accused"]
 SCOPE_COLUMNS = ["op", "scope", "calls", "bytes_per_call", "lat_ms_p50", "busbw_GBps"]
 
 
@@ -86,6 +90,8 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     late = lateness.assign(host=lateness["rank"].map(lambda r: hosts.get(int(r), "?"))) \
         if len(lateness) else pd.DataFrame(columns=["host", "lateness_ms", "last_pct"])
     busbw = _host_busbw(comm, hosts)
+    work = s.assign(v=s["step_time"] - s["comm"]).groupby(["host", "step"], as_index=False)["v"].mean()
+    tests = sign_tests(work.rename(columns={"host": "unit"})).set_index("unit")
     rows = []
     for h, g in s.groupby("host"):
         total = float(g["step_time"].sum())
@@ -99,6 +105,7 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
             "lateness_ms": float(lh["lateness_ms"].mean()) if len(lh) else np.nan,
             "last_pct": float(lh["last_pct"].sum()) if len(lh) else np.nan,
             "inter_busbw_GBps": busbw.get(h, np.nan),
+            **{c: tests.loc[h, c] for c in ("late_steps", "steps", "excess_ms", "p", "needed", "accused")},
         })
     return pd.DataFrame(rows, columns=HOST_COLUMNS)
 
@@ -132,26 +139,22 @@ def _host_busbw(comm, hosts) -> Dict[str, float]:
     return out
 
 
-def slow_host(table: pd.DataFrame, rel: float = 0.10, abs_ms: float = 1.0) -> Optional[dict]:
-    """The host persistently behind the others, with the evidence, or None."""
-    if len(table) < 2:
+def slow_host(table: pd.DataFrame) -> Optional[dict]:
+    """The host behind the others beyond chance (its per-step work above the
+    median host's, sign test over the hosts: analyzers/evidence.py), with
+    the evidence, or None."""
+    if len(table) < 2 or "accused" not in table:
         return None
     best = None
-    for _, row in table.iterrows():
+    for _, row in table[table["accused"].astype(bool)].iterrows():
         others = table[table["host"] != row["host"]]
         med = float(others["work_ms"].median())
         extra = row["work_ms"] - med
-        if extra > max(abs_ms, rel * med):
-            cand = {"host": row["host"], "ranks": row["ranks"], "kind": "work",
-                    "evidence": f"work per step {row['work_ms']:.1f} ms vs {med:.1f} ms on the other hosts "
-                                f"(+{extra:.1f} ms)", "score": extra}
-            if best is None or cand["score"] > best["score"]:
-                best = cand
-    if best is not None:
-        return best
-    for _, row in table.iterrows():
-        if row["last_pct"] == row["last_pct"] and row["last_pct"] > 50 and row["lateness_ms"] > abs_ms:
-            return {"host": row["host"], "ranks": row["ranks"], "kind": "arrival",
-                    "evidence": f"its ranks arrive last at {row['last_pct']:.0f} % of the collectives, "
-                                f"{row['lateness_ms']:.1f} ms late on average", "score": row["lateness_ms"]}
-    return None
+        cand = {"host": row["host"], "ranks": row["ranks"], "kind": "work",
+                "evidence": f"work per step {row['work_ms']:.1f} ms vs {med:.1f} ms on the other hosts "
+                            f"(+{extra:.1f} ms); above the median of the other hosts in {int(row['late_steps'])} of "
+                            f"{int(row['steps'])} steps (sign test p = {format_p(row['p'])} corrected over "
+                            f"{len(table)} hosts)", "score": extra}
+        if best is None or cand["score"] > best["score"]:
+            best = cand
+    return best

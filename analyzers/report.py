@@ -10,6 +10,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from ..trace.schema import TraceFormatError
+from . import evidence, stragglers
 
 #: (column, header, format) — format is a str.format spec or "" for str()
 ColumnSpec = Tuple[str, str, str]
@@ -68,8 +69,8 @@ SKEW_COLUMNS = [
 ]
 STRAGGLER_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("rank", "rank", "d"), ("metric", "metric", ""),
-    ("late_pct", "late in %", ".0f"), ("excess_ms", "excess ms", ".2f"), ("value_ms", "rank ms", ".2f"),
-    ("median_ms", "median ms", ".2f"),
+    ("late_steps", "late steps", "d"), ("steps", "of steps", "d"), ("excess_ms", "excess ms", ".2f"),
+    ("value_ms", "rank ms", ".2f"), ("median_ms", "median ms", ".2f"), ("p", "p (corrected)", ".2g"),
 ]
 NODE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("host", "host", ""), ("ranks", "ranks", ""),
@@ -208,7 +209,8 @@ def build_report(runs, warmup: int = 1):
     tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
     tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
                            scaling.stack(skews), SKEW_COLUMNS)
-    tables["stragglers"] = Table("Stragglers (persistently late ranks)", scaling.stack(strag), STRAGGLER_COLUMNS)
+    tables["stragglers"] = Table("Stragglers (ranks late beyond chance)",
+                                 stragglers.accused(scaling.stack(strag)), STRAGGLER_COLUMNS)
     if node_t:
         tables["nodes"] = Table("Per node (host)", scaling.stack(node_t), NODE_COLUMNS)
     if scope_t:
@@ -291,12 +293,18 @@ def fine_grain(runs) -> dict:
                 mine = paths[paths["gate_rank"] == summ["rank"]]
                 phase = mine["gate_phase"].mode().iloc[0] if len(mine) else "backward"
                 example = mine[mine["gate_phase"] == phase]["path"].iloc[0] if len(mine) else ""
-                if summ["rank_pct"] >= 50:
-                    who = f"rank {summ['rank']} is the last ready in {summ['rank_pct']:.0f} % (why: {phase})"
+                k = int(round(summ["rank_pct"] * summ["steps"] / 100))
+                test = evidence.binomial_test(k, summ["steps"], 1.0 / r.world_size, r.world_size)
+                last = f"rank {summ['rank']} is the last ready in {test.text()}"
+                if test.significant:
+                    who = f"{last} (why: {phase})"
                     advice = _GATE_ADVICE.get(phase, "").format(r=summ["rank"])
+                elif summ["steps"] < test.needed:
+                    who = (f"{last}: too few steps to tell one rank from chance with {r.world_size} ranks "
+                           f"(needs {test.needed})")
+                    advice = f"record at least {test.needed} steps after the warm-up to tell a straggler from jitter"
                 else:
-                    who = (f"no single rank: the last one to be ready changes from step to step (rank "
-                           f"{summ['rank']} most often, {summ['rank_pct']:.0f} %)")
+                    who = f"{last}: consistent with chance for {r.world_size} ranks, no single rank"
                     advice = ("jitter, not one straggler: smaller buckets (bucket_cap_mb) let the reduction start "
                               "earlier; fewer host-side stalls (data, Python) even out the ranks")
                 rows.append({"config": key[0], "gpus": key[1],

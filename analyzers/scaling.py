@@ -364,6 +364,7 @@ def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
         if steps.empty:
             continue
         sh = breakdown.shares(steps)
+        iv = breakdown.share_intervals(steps)
         tps = [throughput.throughput(r.steps, r.batch_size) for r in members]
         lo, hi = breakdown.rank_spread(steps, "comm")
         meta = members[0].meta
@@ -376,6 +377,8 @@ def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
             "other_pct": sh["other"], "comm_busy_pct": sh["comm_busy"], "data_busy_pct": sh["data_busy"],
             "compute_busy_pct": sh["compute_busy"], "overlap_pct": sh["overlap"],
             "comm_pct_rank_min": lo, "comm_pct_rank_max": hi,
+            **{f"{c}_pct_{e}": iv[f"{c}_{e}"] for c in breakdown.CATEGORIES for e in ("lo", "hi")},
+            "share_steps": iv["steps_n"],
             "imbalance_pct": _nanmean([stragglers.imbalance_pct(r.steps) for r in members]),
             "step_ms_median": float(np.median(steps["step_time"]) / 1e6),
             "step_ms_p95": float(np.percentile(steps["step_time"], 95) / 1e6),
@@ -558,7 +561,8 @@ def skew_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
 def straggler_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
     out = {}
     for key, members in _groups(runs).items():
-        tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness()) for m in members]
+        tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness(), m.colls.last_by_block(m.n_steps))
+                  for m in members]
         tables = [t for t in tables if len(t)]
         if tables:
             out[key] = pd.concat(tables, ignore_index=True)

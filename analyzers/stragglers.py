@@ -1,54 +1,171 @@
-"""Stragglers and imbalance.
+"""Stragglers and imbalance, tested against chance (analyzers/evidence.py).
 
 Per measured step, each rank's value of a metric is compared with the
-median over ranks at that step. A rank is *late* at a step when its value
-exceeds the median by more than ``rel`` (default 10 %) and by more than
-``abs_ms`` (default 1 ms). It is a *persistent* straggler when it is late
-in at least ``persist`` (default 50 %) of the measured steps. Metrics:
+median of the other ranks at that step (paired by step, so that
+step-to-step changes shared by every rank cancel). Metrics:
 
 - ``work``: step time minus exposed communication (its own data wait,
   compute and glue: what the others end up waiting for),
 - ``data``: data-loader wait,
 - ``step``: step time.
 
-From the collectives: a rank that arrives last at more than ``persist`` of
-the collective instances and whose mean arrival lateness exceeds twice the
-median rank's is also reported (``arrival``), when there are at least
-three ranks.
+A rank is a *straggler* in a metric when its excess is positive in more
+steps than a fair coin gives (sign test, Bonferroni-corrected over the
+ranks, at the rule's share of the report's 5 % false-accusation budget)
+and its median excess is at least ``evidence.MIN_EFFECT_MS`` and
+``evidence.MIN_EFFECT_REL`` of the median rank's value.
+
+From the collectives (``arrival``): the rank that arrived last most often
+in each step's block of collectives, counted over blocks and tested
+against chance 1/N (exact binomial, Bonferroni over the ranks), with a
+mean lateness at least ``evidence.MIN_EFFECT_MS`` over the median rank's.
+
+``stragglers`` returns, per metric, every accused rank (verdict
+``straggler``) or else the most suspect one with verdict ``no evidence``
+(or ``too few steps`` when no rank could be accused with this many steps),
+so that a report can say what was tested.
 
 Imbalance % of a run = (max over ranks of mean work per step / mean over
 ranks of it − 1) × 100.
 """
 from __future__ import annotations
 
+from typing import List, Optional, Sequence
+
+import numpy as np
 import pandas as pd
 
-COLUMNS = ["rank", "metric", "late_pct", "excess_ms", "value_ms", "median_ms"]
+from . import evidence as ev
+
+COLUMNS = ["rank", "metric", "verdict", "late_pct", "late_steps", "steps", "excess_ms", "excess_lo_ms",
+           "excess_hi_ms", "excess_pct", "value_ms", "median_ms", "p", "needed"]
+METRICS = (("work", "work"), ("data", "data"), ("step", "step_time"))
 
 
-def stragglers(steps: pd.DataFrame, lateness: pd.DataFrame = None, rel: float = 0.10,
-               abs_ms: float = 1.0, persist: float = 0.5) -> pd.DataFrame:
+def others_median(m: np.ndarray) -> np.ndarray:
+    """m: steps x units. Per cell, the median of the *other* units at that
+    step (leave-one-out: with two units each is compared with the other, so
+    the excess is the whole gap, not half of it)."""
+    steps, n = m.shape
+    if n < 2:
+        return np.full_like(m, np.nan, dtype=np.float64)
+    order = np.argsort(m, axis=1, kind="stable")
+    srt = np.take_along_axis(m, order, axis=1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(n)[None, :].repeat(steps, axis=0), axis=1)
+
+    def kth_of_others(k: int) -> np.ndarray:
+        # the k-th (0-based) smallest of the others: skip the unit's own slot
+        idx = np.where(pos > k, k, k + 1)
+        return np.take_along_axis(srt, idx, axis=1)
+
+    others = n - 1
+    if others % 2:
+        return kth_of_others(others // 2)
+    return 0.5 * (kth_of_others(others // 2 - 1) + kth_of_others(others // 2))
+
+
+def wide(values: pd.DataFrame):
+    """values: unit, step, v -> (units, steps x units matrix) over the steps
+    every unit measured (a unit's repeated rows at one step averaged)."""
+    units, ui = np.unique(values["unit"].to_numpy(), return_inverse=True)
+    steps, si = np.unique(values["step"].to_numpy(), return_inverse=True)
+    tot = np.zeros((len(steps), len(units)))
+    cnt = np.zeros((len(steps), len(units)))
+    np.add.at(tot, (si, ui), values["v"].to_numpy(dtype=np.float64))
+    np.add.at(cnt, (si, ui), 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = tot / cnt
+    return units, m[~np.isnan(m).any(axis=1)]
+
+
+def sign_tests(values: pd.DataFrame, scale: float = 1e6) -> pd.DataFrame:
+    """Per unit (rank or host): the sign test of its paired per-step excess
+    over the median of the others (evidence.sign_test, vectorised over the
+    units), in ms (values in ns unless ``scale`` says otherwise)."""
+    units, m = wide(values)
+    members, n = len(units), len(m)
+    if n == 0 or members < 2:
+        return pd.DataFrame(columns=["unit", "late_steps", "steps", "late_pct", "excess_ms", "excess_lo_ms",
+                                     "excess_hi_ms", "excess_pct", "value_ms", "median_ms", "p", "needed",
+                                     "accused"])
+    med = others_median(m) / scale
+    d = m / scale - med
+    k = (d > 0).sum(axis=0)
+    srt = np.sort(d, axis=0)
+    excess = np.median(d, axis=0)
+    j = ev.median_rank(n)
+    lo, hi = (srt[j - 1], srt[n - j]) if j else (srt[0], srt[-1])
+    needed = ev.min_trials(0.5, members)
+    p = np.array([ev.bonferroni(ev.binomial_sf(int(x), n, 0.5), members) for x in k])
+    ref = med.mean(axis=0)
+    floor = np.array([ev.min_effect_ms(x) for x in ref])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pct = np.where(ref != 0, 100.0 * excess / ref, np.nan)
+    return pd.DataFrame({"unit": units, "late_steps": k, "steps": n, "late_pct": 100.0 * k / n,
+                         "excess_ms": excess, "excess_lo_ms": lo, "excess_hi_ms": hi, "excess_pct": pct,
+                         "value_ms": m.mean(axis=0) / scale, "median_ms": ref, "p": p, "needed": needed,
+                         "accused": (n >= needed) & (p < ev.RULE_ALPHA) & (excess >= floor)})
+
+
+def _verdicts(t: pd.DataFrame, metric: str) -> List[dict]:
+    """Rows for one metric: every accused unit, else the most suspect."""
+    if t.empty:
+        return []
+    out = t[t["accused"]]
+    if len(out):
+        rows = out.assign(verdict="straggler")
+    else:
+        top = t.sort_values(["p", "excess_ms"], ascending=[True, False]).head(1)
+        enough = int(top["steps"].iloc[0]) >= int(top["needed"].iloc[0])
+        rows = top.assign(verdict="no evidence" if enough else "too few steps")
+    rows = rows.rename(columns={"unit": "rank"}).assign(metric=metric)
+    return rows.drop(columns=["accused"]).to_dict("records")
+
+
+def arrival_test(block_last: Sequence[int], lateness: pd.DataFrame, ranks: int) -> List[dict]:
+    """The arrival rule from the per-block last-arriving rank and the
+    per-rank mean lateness (collectives.CollectiveStats.rank_lateness)."""
+    b = np.asarray([x for x in block_last if x is not None and x == x], dtype=np.int64)
+    if ranks < 2 or not len(b) or lateness is None or lateness.empty:
+        return []
+    counts = pd.Series(b).value_counts()
+    med = float(lateness["lateness_ms"].median())
+    late = dict(zip(lateness["rank"].astype(int), lateness["lateness_ms"]))
     rows = []
+    for r, k in counts.items():
+        t = ev.binomial_test(int(k), len(b), 1.0 / ranks, ranks)
+        excess = float(late.get(int(r), np.nan)) - med
+        rows.append({"rank": int(r), "metric": "arrival", "late_steps": int(k), "steps": len(b),
+                     "late_pct": 100.0 * k / len(b), "excess_ms": excess, "excess_lo_ms": np.nan,
+                     "excess_hi_ms": np.nan, "excess_pct": 100.0 * excess / med if med > 0 else np.nan,
+                     "value_ms": float(late.get(int(r), np.nan)), "median_ms": med, "p": t.p, "needed": t.needed,
+                     "verdict": "straggler" if t.significant and excess >= ev.MIN_EFFECT_MS else None})
+    accused = [x for x in rows if x["verdict"] == "straggler"]
+    if accused:
+        return accused
+    top = min(rows, key=lambda x: (x["p"], -x["late_steps"]))
+    top["verdict"] = "no evidence" if top["steps"] >= top["needed"] else "too few steps"
+    return [top]
+
+
+def stragglers(steps: pd.DataFrame, lateness: Optional[pd.DataFrame] = None,
+               block_last: Optional[Sequence[int]] = None) -> pd.DataFrame:
+    """Per metric: the accused ranks, or the most suspect rank and why it
+    is not accused (see the module docstring)."""
+    rows: List[dict] = []
     if not steps.empty and steps["rank"].nunique() > 1:
         s = steps.assign(work=steps["step_time"] - steps["comm"])
-        for metric, col in (("work", "work"), ("data", "data"), ("step", "step_time")):
-            v = s[["rank", "step", col]].rename(columns={col: "v"})
-            med = v.groupby("step")["v"].transform("median")
-            late = (v["v"] > med * (1 + rel)) & (v["v"] - med > abs_ms * 1e6)
-            per = v.assign(late=late, med=med).groupby("rank").agg(
-                late=("late", "mean"), v=("v", "mean"), med=("med", "mean"))
-            for rank, r in per[per["late"] >= persist].iterrows():
-                rows.append({"rank": int(rank), "metric": metric, "late_pct": 100.0 * r["late"],
-                             "excess_ms": (r["v"] - r["med"]) / 1e6, "value_ms": r["v"] / 1e6,
-                             "median_ms": r["med"] / 1e6})
-    if lateness is not None and len(lateness) >= 3:
-        med = float(lateness["lateness_ms"].median())
-        for _, r in lateness.iterrows():
-            if r["last_pct"] >= 100 * persist and r["lateness_ms"] > max(2 * med, abs_ms):
-                rows.append({"rank": int(r["rank"]), "metric": "arrival", "late_pct": r["last_pct"],
-                             "excess_ms": r["lateness_ms"] - med, "value_ms": r["lateness_ms"],
-                             "median_ms": med})
+        for metric, col in METRICS:
+            v = s[["rank", "step", col]].rename(columns={"rank": "unit", col: "v"})
+            rows += _verdicts(sign_tests(v), metric)
+        if block_last is not None:
+            rows += arrival_test(block_last, lateness, int(steps["rank"].nunique()))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def accused(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["verdict"] == "straggler"].reset_index(drop=True) if len(table) else table
 
 
 def imbalance_pct(steps: pd.DataFrame) -> float:

@@ -72,7 +72,7 @@ def test_the_report_says_which_bucket_gates(late, tmp_path):
     f = rep.tables["bottlenecks"].frame
     row = f[f["finding"].str.startswith("critical path")].iloc[0]
     assert row["finding"] == "critical path: bucket 1 (7.6 MiB) gates 100 % of steps"
-    assert "rank 1 is the last ready in 100 % (why: data wait)" in row["evidence"]
+    assert "rank 1 is the last ready in 11 of 11 steps" in row["evidence"] and "(why: data wait)" in row["evidence"]
     assert "rank 1 waits for its data" in row["advice"]
 
 

@@ -82,13 +82,23 @@ def test_scope_split_and_slow_host():
     # busbw = S/t * 2(n-1)/n: 1e6 B / 1 ms = 1 GB/s; x 1.5 (n = 4), x 1 (n = 2)
     assert abs(sc.loc["inter-node", "busbw_GBps"] - 1.5) < 1e-9
     assert abs(sc.loc["intra-node", "busbw_GBps"] - 1.0) < 1e-9
-    steps = pd.DataFrame({"rank": [0, 1, 2, 3] * 3, "step": np.repeat([1, 2, 3], 4),
-                          "step_time": [100e6] * 12, "comm": [40e6, 40e6, 10e6, 10e6] * 3,
-                          "data": [0.0] * 12, "compute": [50e6] * 12})
+    def steps_of(n, comm_b=10e6):
+        rng = np.random.default_rng(1)
+        return pd.DataFrame({"rank": [0, 1, 2, 3] * n, "step": np.repeat(np.arange(1, n + 1), 4),
+                             "step_time": [100e6] * (4 * n),
+                             "comm": np.array([40e6, 40e6, comm_b, comm_b] * n) + rng.normal(0, 1e5, 4 * n),
+                             "data": [0.0] * (4 * n), "compute": [50e6] * (4 * n)})
+
     late = pd.DataFrame({"rank": [0, 1, 2, 3], "lateness_ms": [0, 0, 30, 30], "last_pct": [0, 0, 50, 50]})
-    t = nodes.per_host(steps, late, hosts, comm)
+    t = nodes.per_host(steps_of(10), late, hosts, comm)
     assert list(t["host"]) == ["a", "b"]
-    assert list(t["work_ms"]) == [60.0, 90.0]
+    assert np.allclose(t["work_ms"], [60.0, 90.0], atol=0.2)
+    assert list(t["accused"]) == [False, True] and list(t["late_steps"]) == [0, 10]
     slow = nodes.slow_host(t)
     assert slow["host"] == "b" and slow["ranks"] == "2-3" and "+30.0 ms" in slow["evidence"]
-    assert nodes.slow_host(t.assign(work_ms=[60.0, 61.0], last_pct=[0, 10])) is None
+    assert "10 of 10 steps" in slow["evidence"]
+    # three steps cannot tell two hosts apart (a fair coin gives 3 of 3 in 1 of 8 runs)
+    t3 = nodes.per_host(steps_of(3), late, hosts, comm)
+    assert int(t3["needed"].iloc[0]) > 3 and nodes.slow_host(t3) is None
+    # equal hosts: one of two is always above the other, neither is accused
+    assert nodes.slow_host(nodes.per_host(steps_of(40, comm_b=40e6), late, hosts, comm)) is None
