@@ -120,7 +120,7 @@ def _straggler_rows(base: dict, bound: str, st: Optional[pd.DataFrame], ranks: i
     if s["verdict"] == "too few steps":
         return [{**base, "bound": "evidence", "finding": "stragglers: too few steps to tell",
                  "evidence": f"{int(s['steps'])} measured steps; with {ranks} ranks a rank slower than the "
-                             f"median in every step is told from chance only after {int(s['needed'])} steps",
+                             f"others in every step is told from chance only after {int(s['needed'])} steps",
                  "advice": f"record at least {int(s['needed'])} steps after the warm-up"}]
     arr = st[st["metric"] == "arrival"]
     more = ""
@@ -141,7 +141,7 @@ def _straggler_evidence(s, ranks: int) -> str:
     if s["metric"] == "arrival":
         return (f"arrived last at the collectives in {int(s['late_steps'])} of {int(s['steps'])} steps "
                 f"(chance {100 / ranks:.0f} % each; p = {ev.format_p(s['p'])} corrected over {ranks} ranks); "
-                f"mean lateness {s['value_ms']:.2f} ms vs the median rank's {s['median_ms']:.2f} ms")
+                f"mean lateness {s['value_ms']:.2f} ms vs the others' median {s['median_ms']:.2f} ms")
     return (f"above the median of the other ranks in {int(s['late_steps'])} of {int(s['steps'])} steps (sign test p = "
             f"{ev.format_p(s['p'])} corrected over {ranks} ranks) by {s['excess_ms']:.2f} ms (median; 95 %: "
             f"{s['excess_lo_ms']:.2f} to {s['excess_hi_ms']:.2f}), +{s['excess_pct']:.0f} % "

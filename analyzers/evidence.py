@@ -47,7 +47,7 @@ ACCUSING_RULES = 6
 #: each accusing rule's share of the family's budget (Bonferroni)
 RULE_ALPHA = FAMILY_ALPHA / ACCUSING_RULES
 #: an effect smaller than this is not reported even when significant: the
-#: larger of this many ms and this share of the median rank's value
+#: larger of this many ms and this share of the other ranks' median value
 MIN_EFFECT_MS, MIN_EFFECT_REL = 0.25, 0.02
 #: normal quantile of a two-sided 95 % interval
 Z95 = 1.959963984540054
@@ -227,7 +227,7 @@ def _alpha() -> str:
 
 
 def _effect() -> str:
-    return f"and a median excess of at least {MIN_EFFECT_MS} ms and {100 * MIN_EFFECT_REL:.0f} % of the median rank"
+    return f"and a median excess of at least {MIN_EFFECT_MS} ms and {100 * MIN_EFFECT_REL:.0f} % of the other ranks' median"
 
 
 RULES: List[Rule] = [
@@ -242,9 +242,9 @@ RULES: List[Rule] = [
          f"{_alpha()} {_effect()}"),
     Rule("straggler: rank r (arrival)",
          "per step (the collectives of a step taken as one block), the rank that arrived last most often; "
-         "k of n blocks, and its mean lateness behind the earliest rank vs the median rank's",
+         "k of n blocks, and its mean lateness behind the earliest rank vs the other ranks' median",
          "every rank arrives last with chance 1/N per block; exact binomial, Bonferroni over the N ranks",
-         f"{_alpha()} and a mean lateness {MIN_EFFECT_MS} ms over the median rank's"),
+         f"{_alpha()} and a mean lateness {MIN_EFFECT_MS} ms over the other ranks' median"),
     Rule("slow node: host h",
          "per step, the mean work of h's ranks minus the median of the other hosts; sign test as for ranks",
          "exceeding the other hosts' median is a fair coin, Bonferroni over the hosts",

@@ -13,12 +13,12 @@ A rank is a *straggler* in a metric when its excess is positive in more
 steps than a fair coin gives (sign test, Bonferroni-corrected over the
 ranks, at the rule's share of the report's 5 % false-accusation budget)
 and its median excess is at least ``evidence.MIN_EFFECT_MS`` and
-``evidence.MIN_EFFECT_REL`` of the median rank's value.
+``evidence.MIN_EFFECT_REL`` of the other ranks' median value.
 
 From the collectives (``arrival``): the rank that arrived last most often
 in each step's block of collectives, counted over blocks and tested
 against chance 1/N (exact binomial, Bonferroni over the ranks), with a
-mean lateness at least ``evidence.MIN_EFFECT_MS`` over the median rank's.
+mean lateness at least ``evidence.MIN_EFFECT_MS`` over the other ranks' median.
 
 ``stragglers`` returns, per metric, every accused rank (verdict
 ``straggler``) or else the most suspect one with verdict ``no evidence``
@@ -130,11 +130,12 @@ def arrival_test(block_last: Sequence[int], lateness: pd.DataFrame, ranks: int) 
     if ranks < 2 or not len(b) or lateness is None or lateness.empty:
         return []
     counts = pd.Series(b).value_counts()
-    med = float(lateness["lateness_ms"].median())
     late = dict(zip(lateness["rank"].astype(int), lateness["lateness_ms"]))
     rows = []
     for r, k in counts.items():
         t = ev.binomial_test(int(k), len(b), 1.0 / ranks, ranks)
+        others = [v for q, v in late.items() if q != int(r) and v == v]
+        med = float(np.median(others)) if others else np.nan
         excess = float(late.get(int(r), np.nan)) - med
         rows.append({"rank": int(r), "metric": "arrival", "late_steps": int(k), "steps": len(b),
                      "late_pct": 100.0 * k / len(b), "excess_ms": excess, "excess_lo_ms": np.nan,
