@@ -62,19 +62,25 @@ def test_arrival_skew_and_straggler(tmp_path):
 
 
 def test_persistent_work_straggler_and_imbalance():
-    rows = []
-    for r in range(4):
-        for s in range(10):
-            work = 20 if r != 3 or s % 5 == 0 else 30    # rank 3 late in 8 of 10 steps
-            rows.append({"rank": r, "step": s, "step_time": 40.0 * MS, "comm": (40 - work) * MS,
-                         "data": 0.0})
-    steps = pd.DataFrame(rows)
-    st_ = stragglers.stragglers(steps)
-    work = st_[st_["metric"] == "work"]
-    assert list(work["rank"]) == [3]
-    assert work.iloc[0]["late_pct"] == pytest.approx(80.0)
+    def steps_of(n):
+        rows = []
+        for r in range(4):
+            for s in range(n):
+                work = 20 if r != 3 or s % 5 == 0 else 30    # rank 3 late in 4 of every 5 steps
+                rows.append({"rank": r, "step": s, "step_time": 40.0 * MS, "comm": (40 - work) * MS,
+                             "data": 0.0})
+        return pd.DataFrame(rows)
+
+    # 8 of 10 steps: a fair coin gives that for one of 4 ranks in 22 % of runs
+    work = stragglers.stragglers(steps_of(10)).query("metric == 'work'")
+    assert list(work["rank"]) == [3] and list(work["verdict"]) == ["no evidence"]
+    assert work.iloc[0]["late_pct"] == pytest.approx(80.0) and 0.2 < work.iloc[0]["p"] < 0.25
+    # 24 of 30 steps: beyond chance, the median excess is the whole 10 ms
+    work = stragglers.stragglers(steps_of(30)).query("metric == 'work'")
+    assert list(work["rank"]) == [3] and list(work["verdict"]) == ["straggler"]
+    assert work.iloc[0]["excess_ms"] == pytest.approx(10.0) and work.iloc[0]["p"] < 0.01
     # mean work: ranks 0-2: 20 ms, rank 3: 28 ms -> mean 22 -> imbalance 28/22 - 1
-    assert stragglers.imbalance_pct(steps) == pytest.approx(100 * (28 / 22 - 1))
+    assert stragglers.imbalance_pct(steps_of(10)) == pytest.approx(100 * (28 / 22 - 1))
 
 
 def test_bottleneck_rules(tmp_path):
