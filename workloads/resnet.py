@@ -266,6 +266,8 @@ def setup(args):
     else:
         rank, world = int(os.environ.get("RANK", 0)), env_world
         local = int(os.environ.get("LOCAL_RANK", 0))
+        if cuda:  # before NCCL's communicator is made, so it binds to this rank's GPU
+            torch.cuda.set_device(local)
         if framework == "ddp" and not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo")
             rank, world = dist.get_rank(), dist.get_world_size()

@@ -1,6 +1,7 @@
 """The GPU check itself, run on CPU (``--dry-run``: gloo, tiny runs, a
 simulated device): the one chance on a borrowed GPU must not be spent on a
-bug in the check's own code."""
+bug in the check's own code. The full dry run passes; each fault planted
+on purpose makes the verdict fail with the check that saw it named."""
 import json
 import os
 import subprocess
@@ -8,24 +9,65 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "gpu_check.py")
+sys.path.insert(0, HERE)
+
+import gpu_check  # noqa: E402
 
 
-def test_gpu_check_dry_run_passes_and_writes_its_summary(tmp_path):
-    script = os.path.join(os.path.dirname(__file__), "gpu_check.py")
-    proc = subprocess.run([sys.executable, script, "--dry-run", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+def dry(tmp_path, *args):
+    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=gpu_check.plan_total_s() + 120)
     with open(tmp_path / "gpu_check.json") as fh:
-        summary = json.load(fh)
-    assert summary["ok"] is True and summary["dry_run"] is True
-    assert {"r50-plain", "r50-recorded", "r50-kernels", "r18-plain", "r18-recorded", "r18-recorded-comm-hook",
-            "nccl-micro"} <= set(summary["runs"])
-    assert all(c["ok"] for c in summary["checks"].values())
-    assert "collectives timed on the device" in summary["checks"]
+        return proc, json.load(fh)
+
+
+def test_the_plan_fits_the_device_time():
+    assert gpu_check.plan_total_s() <= gpu_check.PLAN_LIMIT_S <= 8 * 60
+    assert [n for n, _ in gpu_check.PLAN][0] == "nccl-micro"          # the collective truth first
+    assert set(gpu_check.PLANNED_CHECKS) == {n for n, _ in gpu_check.PLAN}
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_passes_and_writes_its_summary(tmp_path):
+    proc, summary = dry(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert summary["verdict"] == "pass" and summary["ok"] is True and summary["dry_run"] is True
+    assert summary["plan_total_s"] <= gpu_check.PLAN_LIMIT_S
+    assert set(summary["runs"]) == {n for n, _ in gpu_check.PLAN}
+    assert all(r["rc"] == 0 and r["left_behind"] == [] for r in summary["runs"].values())
+    assert summary["not_run"] == {}
+    planned = {c for cs in gpu_check.PLANNED_CHECKS.values() for c in cs}
+    assert planned <= set(summary["checks"])
+    statuses = {n: c["status"] for n, c in summary["checks"].items()}
+    assert set(statuses.values()) <= {"pass", "n/a"}, statuses
+    # what cannot apply on a CPU says so (and why); the rest ran and passed
+    assert {n for n, s in statuses.items() if s == "n/a"} == {
+        "telemetry: NVML sampled", "kernel mode: convolution kernels found", "kernel mode: NCCL kernels found"}
     assert set(summary["overhead"]) == {"r50", "r18", "r18 comm-hook"}
-    # both DDP timing points (process-group hooks, timed comm hook) pass the device checks
-    for name in ("r18-rec", "r18-rec-hook"):
-        assert summary["checks"][f"{name}: device rows"]["ok"], name
+    for name in ("r18-rec", "r18-rec-hook"):   # both DDP timing points pass the device checks
+        assert statuses[f"{name}: device rows"] == "pass", name
     for run in summary["runs"].values():
         assert os.path.exists(run["log"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, only, failing, status", [
+    ("skip", "r18-plain,r18-recorded", "r18-rec: device rows", "not run"),
+    ("missing-trace", "r50-recorded", "r50-recorded: a trace was written", "fail"),
+    ("device-before-host", "r50-recorded", "r50-rec: device never before host issue", "fail"),
+    ("orphan", "r18-plain", "no process outlives its run", "fail"),
+])
+def test_a_planted_fault_fails_the_verdict_with_its_check_named(tmp_path, fault, only, failing, status):
+    proc, summary = dry(tmp_path, "--inject", fault, "--only", only)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert summary["verdict"] == "fail"
+    assert summary["checks"][failing]["status"] == status, summary["checks"].get(failing)
+    if status == "not run":
+        assert "budget" in summary["not_run"][failing]
+    else:
+        assert failing in summary["failed"]
+    if fault == "orphan":  # found, named and killed: nothing of the run is left
+        assert len(summary["runs"]["r18-plain"]["left_behind"]) == 1
+        assert gpu_check.marked_processes("r18-plain") == []
