@@ -8,7 +8,7 @@ BASE := $(VENV)/.commprof-base
 DEMO_DIR ?= commprof-demo
 PYTEST_ARGS ?= --durations=25
 
-.PHONY: install demo test bench golden clean
+.PHONY: install demo lint test bench golden clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,11 @@ demo: $(BASE)
 	$(VENV)/bin/commprof record -o $(DEMO_DIR) --nproc 2 -- $(PY) workloads/resnet.py
 	$(VENV)/bin/commprof report $(DEMO_DIR) --out-dir $(DEMO_DIR)/report
 
-test: $(STAMP)
+# Lint (ruff: pyflakes and pycodestyle rules, 120 columns; pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
 	bash .ci/install_system.sh
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/commprof/torch_extensions}" \
 		$(PY) -m pytest $(PYTEST_ARGS)

@@ -183,7 +183,8 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
         if claim is not None:
             c = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"])] if len(colls) else colls
             calls_per_step = float(c["calls_per_step"].sum()) / _runs(r) if len(c) else 0.0
-            med_bytes = float(np.average(c["bytes_per_call"], weights=c["calls"])) if len(c) and c["calls"].sum() else 0.0
+            med_bytes = (float(np.average(c["bytes_per_call"], weights=c["calls"]))
+                         if len(c) and c["calls"].sum() else 0.0)
             overlap = r.get("overlap_pct", np.nan)
             sk = skew.get(key)
             wait = float(np.nanmax(sk["wait_pct"])) if sk is not None and len(sk) else np.nan

@@ -227,7 +227,8 @@ def _alpha() -> str:
 
 
 def _effect() -> str:
-    return f"and a median excess of at least {MIN_EFFECT_MS} ms and {100 * MIN_EFFECT_REL:.0f} % of the other ranks' median"
+    return (f"and a median excess of at least {MIN_EFFECT_MS} ms and {100 * MIN_EFFECT_REL:.0f} % of the "
+            "other ranks' median")
 
 
 RULES: List[Rule] = [

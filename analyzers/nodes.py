@@ -74,8 +74,8 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataF
     for (op, sc_name), k in order:
         sel = keep & (key == k)
         bus = algbw[sel] * bus_factor(op, gsize[sel])
-        rows.append({"op": op, "scope": sc_name, "calls": int(sel.sum()), "bytes_per_call": float(np.nanmean(nbytes[sel]))
-                     if np.isfinite(nbytes[sel]).any() else np.nan,
+        rows.append({"op": op, "scope": sc_name, "calls": int(sel.sum()),
+                     "bytes_per_call": float(np.nanmean(nbytes[sel])) if np.isfinite(nbytes[sel]).any() else np.nan,
                      "lat_ms_p50": float(np.median(lat[sel] * 1e3)),
                      "busbw_GBps": float(np.nanmedian(bus)) if np.isfinite(bus).any() else np.nan})
     return pd.DataFrame(rows, columns=SCOPE_COLUMNS)

@@ -57,7 +57,8 @@ def probe(steps):
         t = a.input_tensors[0]
         return t.nbytes, t.dtype, a.op_id
 
-    probes = [("empty call", lambda a: None), ("args.name != ALLREDUCE (first pybind read)", lambda a: a.name != allreduce),
+    probes = [("empty call", lambda a: None),
+              ("args.name != ALLREDUCE (first pybind read)", lambda a: a.name != allreduce),
               ("args.input_tensors[0] .nbytes .dtype", tensors), ("args.op_id alone", lambda a: a.op_id),
               ("all four reads", everything)]
     times = {name: [] for name, _ in probes}

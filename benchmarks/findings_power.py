@@ -86,7 +86,8 @@ def main():
     t0 = time.time()
 
     lines += ["## False accusations on pure jitter", "",
-              "| ranks | hosts | steps | runs | runs accusing anybody | rate | 95 % interval |", "|---|---|---|---|---|---|---|"]
+              "| ranks | hosts | steps | runs | runs accusing anybody | rate | 95 % interval |",
+              "|---|---|---|---|---|---|---|"]
     for world, steps, seeds, gpn in ((2, 50, a.seeds, 1), (8, 50, a.seeds, 4), (64, 30, a.seeds_64, 8)):
         k = 0
         for s in range(seeds):
@@ -97,7 +98,8 @@ def main():
         print(lines[-1], flush=True)
 
     lines += ["", "## Detection of one slowed rank (8 ranks on 2 hosts, 50 steps, backward + delta)", "",
-              "| delta ms | delta / work sd | runs | rank named | other ranks named | rate |", "|---|---|---|---|---|---|"]
+              "| delta ms | delta / work sd | runs | rank named | other ranks named | rate |",
+              "|---|---|---|---|---|---|"]
     limit = None
     for delta in (float(x) for x in a.deltas.split(",")):
         hit = other = 0

@@ -336,14 +336,17 @@ def main():
     print(f"one recorded region (NVTX push/pop + 2 clock reads + queue): {prim / 1e3:.2f} us; "
           f"the emission alone (Event + deque.append): {emit / 1e3:.2f} us; "
           f"journal packing in the writer thread: {pack / 1e3:.2f} us/event")
-    print(f"\n{args.blocks} alternating blocks of {args.steps} steps, {'DDP (world of one)' if args.ddp else 'no DDP'}, "
+    what = "DDP (world of one)" if args.ddp else "no DDP"
+    print(f"\n{args.blocks} alternating blocks of {args.steps} steps, {what}, "
           f"NVTX {'on' if args.nvtx else 'off'}\n")
-    print("| recorded with | plain step (µs) | wall cost/step (µs), median [range] | CPU cost/step (µs), median [range] |")
+    print("| recorded with | plain step (µs) | wall cost/step (µs), median [range] "
+          "| CPU cost/step (µs), median [range] |")
     print("|---|---:|---:|---:|")
     for name, plain, rec, dw, dc in rows:
         p_med = statistics.median(x[0] for x in plain)
         print(f"| {name} | {p_med / 1e3:.1f} | {statistics.median(dw) / 1e3:+.1f} [{dw[0] / 1e3:+.0f} .. "
-              f"{dw[-1] / 1e3:+.0f}] | {statistics.median(dc) / 1e3:+.1f} [{dc[0] / 1e3:+.0f} .. {dc[-1] / 1e3:+.0f}] |")
+              f"{dw[-1] / 1e3:+.0f}] | {statistics.median(dc) / 1e3:+.1f} [{dc[0] / 1e3:+.0f} .. "
+              f"{dc[-1] / 1e3:+.0f}] |")
     if args.ddp:
         import torch.distributed as dist
 

@@ -157,7 +157,7 @@ def main():
         print(f"\nspeed-up end to end: x{med(res['hta'], 0)[0] / med(res['commprof'], 0)[0]:.1f}; "
               f"peak memory: {med(res['commprof'], 1)[0]:.0f} vs {med(res['hta'], 1)[0]:.0f} MiB")
     per = {k: sorted(r[k] for r in stages)[1] for k in stages[0]}
-    print(f"\nCPU per rank file (one process, median of 3): " + ", ".join(f"{k} {v:.2f} s" for k, v in per.items())
+    print("\nCPU per rank file (one process, median of 3): " + ", ".join(f"{k} {v:.2f} s" for k, v in per.items())
           + f" = {sum(per.values()):.2f} s; x {a.ranks} ranks / {os.cpu_count()} cores = "
           f"{sum(per.values()) * a.ranks / os.cpu_count():.1f} s of import at best")
     if agree:

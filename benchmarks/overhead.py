@@ -87,7 +87,8 @@ def main():
                    help="also 'record --ddp-timing comm-hook' (DDP timed through a Python comm hook, the "
                         "fallback path, instead of the process group's hooks)")
     args = p.parse_args()
-    variants = VARIANTS + (("record --ddp-timing comm-hook",) if args.comm_hook else ()) + tuple(f"record --disable {x.strip()}" for x in args.split.split(",") if x.strip())
+    variants = (VARIANTS + (("record --ddp-timing comm-hook",) if args.comm_hook else ())
+                + tuple(f"record --disable {x.strip()}" for x in args.split.split(",") if x.strip()))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     for wname in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         script, wl_args, warmup = WORKLOADS[wname]

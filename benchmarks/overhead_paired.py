@@ -171,7 +171,8 @@ def _rank_main(rank, args, tmp, out):
             state["prof"].__exit__(None, None, None)
             state["prof"] = None
 
-    arms = [a for a in ARMS if a in args.arms] + sorted(a for a in args.arms if a.startswith(("only:", "pg:", "record:")))
+    arms = [a for a in ARMS if a in args.arms] + sorted(a for a in args.arms
+                                                        if a.startswith(("only:", "pg:", "record:")))
     res = {a: [] for a in arms}
     for r in range(args.rounds):
         k = r % len(arms)

@@ -55,11 +55,13 @@ def rank_table(rank, world, steps, buckets, seed=0):
     det = [0, 1, 2, -1]
     items = [256, 256, 256, -1]
     if B:
-        ts.append(b0 + last_issue_rel); te.append(b0 + end_bw_rel)
-        cat.append(4); name.append(3); src.append(2); det.append(3); items.append(-1)
+        for col, v in ((ts, b0 + last_issue_rel), (te, b0 + end_bw_rel), (cat, 4), (name, 3), (src, 2), (det, 3),
+                       (items, -1)):
+            col.append(v)
     ts += [b0 + end_bw_rel, start]
     te += [b0 + end_bw_rel + opt, start + dur]
-    cat += [2, 0]; name += [4, 5]; src += [3, 3]; det += [4, -1]; items += [-1, 256]
+    for col, v in ((cat, [2, 0]), (name, [4, 5]), (src, [3, 3]), (det, [4, -1]), (items, [-1, 256])):
+        col += v
     k = len(ts)
     n = steps * (k + B)
     t_start = np.empty((steps, k + B), np.int64)

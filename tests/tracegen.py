@@ -109,13 +109,11 @@ def modelled_run(world, steps, hop_s=50e-6, bus_Bps=1e9, sizes=(2e6, 8e6, 16e6),
             rr.append(row(s, "data", "dataloader", ns(t[r]), ns(t[r] + data[r]), source="DataLoader", items=32))
             rr.append(row(s, "compute", "forward", ns(t[r] + data[r]), ns(b0[r]), source="nn.Module", detail="M",
                           items=32))
-            last_issue = b0[r]
             if world > 1:
                 for k, (ready, e) in enumerate(ends):
                     rr.append(row(s, "comm", "all_reduce", ns(ready[r]), ns(e), source="ddp_reducer",
                                   detail="default", nbytes=int(sizes[k]), dtype="torch.float32", group="0",
                                   group_size=world, seq=seq + k, blocking=False))
-                    last_issue = ready[r]
             rr.append(row(s, "compute", "backward", ns(b0[r]), ns(b1[r]), source="autograd"))
             done = max(b1[r], end) if world > 1 else b1[r]
             if done > b1[r]:

@@ -350,7 +350,8 @@ def main(argv=None):
         commprof = None
 
     if args.loader == "native":
-        loader, val = native_loader(args, True, rank, world), None if args.no_val else native_loader(args, False, rank, world)
+        loader = native_loader(args, True, rank, world)
+        val = None if args.no_val else native_loader(args, False, rank, world)
         steps_per_epoch = len(loader)
     elif args.loader == "dali":
         if not args.data:

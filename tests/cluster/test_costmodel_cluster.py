@@ -2,7 +2,6 @@
 one-machine cluster (one rank per node, every link shaped to 100 Mbit/s
 with tc), fitted at 2-4 nodes, predicting 8."""
 import json
-import os
 import subprocess
 import sys
 

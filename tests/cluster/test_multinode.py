@@ -88,7 +88,8 @@ def _sync_instances(trace, rank_results):
     ev = trace.events()
     sync = ev[(ev["category"] == "comm") & (ev["source"] == "torch.distributed") & (ev["name"] == "all_reduce")
               & (ev["rank"] == 0)].sort_values("seq")
-    truth = np.abs(np.array(rank_results[1]["issues_ns"], np.int64) - np.array(rank_results[0]["issues_ns"], np.int64)) / 1e6
+    issues = [np.array(rank_results[r]["issues_ns"], np.int64) for r in (0, 1)]
+    truth = np.abs(issues[1] - issues[0]) / 1e6
     pairs = []
     for k, (_, row) in enumerate(sync.iterrows()):
         key = (str(row["group"]), int(row["seq"]))

@@ -4,7 +4,6 @@ import gzip
 import json
 import os
 
-import pandas as pd
 import pytest
 
 import commprof

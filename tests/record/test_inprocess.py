@@ -1,7 +1,6 @@
 """Instruments installed and removed in this very process."""
 import importlib
 import os
-import sys
 
 import pytest
 import torch

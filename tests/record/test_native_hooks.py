@@ -2,7 +2,6 @@
 Python ones do: same rows, one sequence numbering with Python-issued
 collectives, no double counting; and a real 2-rank job uses them."""
 import os
-import tempfile
 import time
 
 import pytest

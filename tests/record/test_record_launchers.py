@@ -3,7 +3,6 @@ processes, gloo)."""
 import os
 import sys
 
-import pyarrow.compute as pc
 import pytest
 
 from commprof import assemble
@@ -56,7 +55,8 @@ def _check_ddp(out, res, world):
 
 
 def test_torchrun_two_ranks(record):
-    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}", "--steps", str(STEPS)])
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                        "--steps", str(STEPS)])
     assert proc.returncode == 0, proc.stderr
     res = proc.results
     assert set(res) == {0, 1}
@@ -119,8 +119,8 @@ def test_builtin_comm_hook_is_timed(record):
 
 
 def test_small_buckets_give_several_allreduces_per_step(record):
-    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}", "--steps", str(STEPS),
-                        "--hidden", "256", "--layers", "3", "--bucket-mb", "0.1"])
+    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                        "--steps", str(STEPS), "--hidden", "256", "--layers", "3", "--bucket-mb", "0.1"])
     assert proc.returncode == 0, proc.stderr
     res = proc.results
     run, ev = _check_ddp(out, res, 2)
