@@ -8,7 +8,7 @@ BASE := $(VENV)/.commprof-base
 DEMO_DIR ?= commprof-demo
 PYTEST_ARGS ?= --durations=25
 
-.PHONY: install demo lint test bench golden clean
+.PHONY: install demo lint docs test bench golden clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ demo: $(BASE)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The documentation site (docs/, mkdocs.yml) into site/; the CLI reference regenerated first.
+docs: $(STAMP)
+	$(PY) docs/tools/gen_cli.py
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 test: $(STAMP) lint
 	bash .ci/install_system.sh
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/commprof/torch_extensions}" \
@@ -54,4 +59,4 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(DEMO_DIR) .pytest_cache build *.egg-info
+	rm -rf $(DEMO_DIR) .pytest_cache build site *.egg-info

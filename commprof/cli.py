@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "complete cells, keep going past failing ones, then print the study report. "
                                     "The command template takes {nproc}, {nodes}, {tasks_per_node}, "
                                     "{gpus_per_node}, {cell} and every --vary key.")
-    sw.add_argument("plan", nargs="?", default=None, metavar="PLAN.toml", help="a study plan (see the README)")
+    sw.add_argument("plan", nargs="?", default=None, metavar="PLAN.toml",
+                    help="a study plan (see docs/sweep-predict.md)")
     sw.add_argument("-o", "--output", default=None, metavar="STUDY", help="the study folder (default: study)")
     sw.add_argument("--nproc", default=None, metavar="LIST", help="GPU counts, e.g. 1,2,4,8")
     sw.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",

@@ -365,7 +365,7 @@ def main(argv=None) -> int:
             json.dump(doc, fh)
         os.replace(tmp, args.out)
     # leave safely (torch 2.14 + gloo abort at exit otherwise, see the
-    # README's known issue): the last collective's tensor must be released
+    # docs/known-issues.md): the last collective's tensor must be released
     # by the worker threads before the group goes
     dist.barrier()
     last = torch.zeros(1, device=device)

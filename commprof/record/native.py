@@ -3,7 +3,7 @@ allreduces timed in C++, with no Python and no GIL per bucket.
 
 In a recorded DDP step the Python process-group hooks were the largest
 cost: they run between the backward's kernels, with cold caches, ~100 µs
-of CPU per bucket (README "Recording overhead"). The native hooks do the
+of CPU per bucket (docs/benchmarks.md, "Recording overhead"). The native hooks do the
 same work in C++ (issue time, bytes, dtype, the group's sequence number; the
 completion time from a C++ callback on the work's future) and keep the rows
 in a buffer that the journal writer drains at each flush.

@@ -5,7 +5,7 @@ Every event is one row. Times are integer nanoseconds on the host's
 share; each rank's metadata carries the offset to wall-clock time so that
 hosts can be aligned later.
 
-Column reference (also in the README):
+Column reference (also in docs/trace-format.md):
 
 ========== ====================================================================
 rank       global rank of the process that recorded the event

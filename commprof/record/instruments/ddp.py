@@ -286,7 +286,7 @@ class _GroupHooks:
     They run once per bucket, between the backward's kernels, where Python
     runs with cold caches: calling a Python hook at all costs ~6 µs there,
     the first pybind property read ~15 µs, where a warm loop takes 0.1 µs
-    (measured in the hook; README "Recording overhead"). So the hooks touch
+    (measured in the hook; docs/benchmarks.md, "Recording overhead"). So the hooks touch
     as few objects as they can: the group's name and size are read once, a
     dtype's name and kind are cached, a bucket's bytes come from
     ``nbytes``, no NVTX call is made unless a tool listens, and the

@@ -1,0 +1,35 @@
+"""The documentation is checked like code: the site builds with
+``mkdocs build --strict`` (broken links and anchors fail), the CLI
+reference is what the parsers say, and the README stays short."""
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_the_site_builds_strictly(tmp_path):
+    mkdocs = os.path.join(os.path.dirname(sys.executable), "mkdocs")
+    proc = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for page in ("index.html", "findings/index.html", "cli/index.html", "gpu-check/index.html"):
+        assert (tmp_path / "site" / page).exists(), page
+
+
+def test_the_cli_reference_is_generated_from_the_parsers():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "tools", "gen_cli.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_readme_is_short_and_links_only_what_exists():
+    import re
+
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        text = fh.read()
+    assert len(text.splitlines()) <= 250
+    for target in re.findall(r"\]\(([^)#]+)", text):
+        if "://" not in target:
+            assert os.path.exists(os.path.join(ROOT, target)), target
