@@ -44,6 +44,7 @@ lint: $(STAMP)
 # The documentation site (docs/, mkdocs.yml) into site/; the CLI reference regenerated first.
 docs: $(STAMP)
 	$(PY) docs/tools/gen_cli.py
+	$(PY) docs/tools/gen_benchmarks.py
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: $(STAMP) lint

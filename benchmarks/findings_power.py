@@ -16,7 +16,7 @@ finding that names a gate rank "(why: ...)".
    steps: the share of runs naming that rank, per delta; the detection
    limit is the smallest delta found in >= 90 % of runs.
 
-    python benchmarks/findings_power.py --out benchmarks/results/findings_power.md
+    python benchmarks/findings_power.py --out benchmarks/results/findings_power/2026-12-02-5be3f7a.md
 """
 import argparse
 import datetime

@@ -7,7 +7,7 @@ slow with N for a reason no cluster has). Then
 
     commprof predict STUDY/<workload> --validate      (leave-one-out, smallest two)
 
-and the measured-vs-predicted table lands in benchmarks/results/.
+and the measured-vs-predicted table lands in benchmarks/results/predict_validate/DATE-COMMIT-*.
 
     sudo .venv/bin/python benchmarks/predict_validate.py [--nodes 1,2,3,4] [--rate-mbit 1000]
         [--steps 14] [--workloads resnet18,resnet50] [--out /tmp/pv]
@@ -77,13 +77,16 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--workloads", default="resnet18,resnet50")
     p.add_argument("--out", default="/tmp/commprof-predict-validate")
-    p.add_argument("--results", default=os.path.join(HERE, "results"))
+    p.add_argument("--results", default=os.path.join(HERE, "results", "predict_validate"))
     p.add_argument("--skip-runs", action="store_true", help="reuse the recorded runs in --out")
     args = p.parse_args()
     reason = why_unavailable()
     if reason:
         sys.exit(f"predict_validate: {reason}")
     nodes = [int(x) for x in args.nodes.split(",")]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    stem = f"{time.strftime('%Y-%m-%d')}-{commit}"
     port = 29800
     summary = {"rate_mbit": args.rate_mbit, "steps": args.steps, "nodes": nodes, "workloads": {}}
     for name in args.workloads.split(","):
@@ -105,12 +108,12 @@ def main():
                             env=env(), cwd=ROOT, capture_output=True, text=True)
         doc = json.loads(js.stdout)
         os.makedirs(args.results, exist_ok=True)
-        with open(os.path.join(args.results, f"predict_validate_{name}.txt"), "w") as fh:
+        with open(os.path.join(args.results, f"{stem}-{name}.txt"), "w") as fh:
             fh.write(f"# commprof predict --validate on the one-machine cluster: {name}, nodes {args.nodes}, "
                      f"links shaped to {args.rate_mbit:g} Mbit/s, {args.steps} steps per run\n")
             fh.write(proc.stdout)
         summary["workloads"][name] = doc
-    with open(os.path.join(args.results, "predict_validate.json"), "w") as fh:
+    with open(os.path.join(args.results, f"{stem}.json"), "w") as fh:
         json.dump(summary, fh, indent=1, default=str)
 
 

@@ -33,3 +33,17 @@ def test_the_readme_is_short_and_links_only_what_exists():
     for target in re.findall(r"\]\(([^)#]+)", text):
         if "://" not in target:
             assert os.path.exists(os.path.join(ROOT, target)), target
+
+
+def test_the_benchmarks_page_is_generated_from_the_result_files():
+    import re
+
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "tools", "gen_benchmarks.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # every result is named by date and commit (never by how it was made)
+    results = os.path.join(ROOT, "benchmarks", "results")
+    for bench in os.listdir(results):
+        assert os.path.isdir(os.path.join(results, bench)), bench
+        for f in os.listdir(os.path.join(results, bench)):
+            assert re.match(r"^\d{4}-\d{2}-\d{2}-[0-9a-f]{7,40}(-[\w.-]+)?\.(md|txt|json|csv|html)$", f), f

@@ -1,0 +1,106 @@
+"""Writes docs/benchmarks.md from the newest result of each benchmark
+(``benchmarks/results/<benchmark>/<date>-<commit>[-variant].<ext>``), so
+the page cannot disagree with its files; tests/e2e/test_docs.py checks it
+is current.
+
+    python docs/tools/gen_benchmarks.py            # rewrite docs/benchmarks.md
+    python docs/tools/gen_benchmarks.py --check    # exit 1 if it differs
+"""
+import argparse
+import os
+import re
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DOCS = os.path.dirname(HERE)
+ROOT = os.path.dirname(DOCS)
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-([0-9a-f]{7,40})(?:-(.+))?\.(md|txt)$")
+
+#: benchmark -> what it measures (one line); the order of the page
+WHAT = {
+    "overhead_paired": "recording overhead per step, recording switched on and off inside one run (paired blocks)",
+    "overhead": "recording overhead per step, separate interleaved runs",
+    "hook_cost": "where a DDP step's recording cost goes (per instrument, per hook path)",
+    "report_speed": "`commprof report` of a large multi-host trace vs a bare scan of its columns",
+    "export_speed": "`commprof export chrome` of a large trace",
+    "kineto_speed": "`commprof import kineto` + report vs Holistic Trace Analysis",
+    "findings_power": "the findings' false-accusation rate and detection limit",
+    "predict_validate": "`commprof predict --validate` on the one-machine cluster (shaped links)",
+    "lr_study": "the learning-rate scaling study of workloads/lr_study.py",
+}
+
+
+def results():
+    out = {}
+    for bench in sorted(os.listdir(RESULTS)):
+        folder = os.path.join(RESULTS, bench)
+        if not os.path.isdir(folder):
+            continue
+        files = []
+        for f in sorted(os.listdir(folder)):
+            m = NAME.match(f)
+            if m:
+                files.append((m.group(1), m.group(2), m.group(3) or "", f))
+        if files:
+            out[bench] = files
+    return out
+
+
+def _demote(text: str) -> str:
+    lines = []
+    fence = False
+    for line in text.rstrip().split("\n"):
+        if line.startswith("```"):
+            fence = not fence
+        if not fence and re.match(r"^#{1,4} ", line):
+            line = "###" + line.lstrip("#").rstrip() if line.startswith("# ") else "##" + line
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def render() -> str:
+    out = ["# Benchmarks", "",
+           "Generated from `benchmarks/results/` by `python docs/tools/gen_benchmarks.py`: for each benchmark the",
+           "newest result files as they were written (command, date, commit and machine in each), then the older",
+           "ones by name. Machine, unless a file says otherwise: the 2-core, 24 GiB CI VM without a GPU, torch",
+           "2.14.1, gloo. Speed and memory goals are met here, not in timed unit tests.", ""]
+    res = results()
+    order = [b for b in WHAT if b in res] + [b for b in res if b not in WHAT]
+    for bench in order:
+        files = res[bench]
+        newest = max(d for d, _, _, _ in files)
+        out += [f"## {bench}", "", WHAT.get(bench, ""), "",
+                f"Script: `benchmarks/{bench}.py`" if os.path.exists(os.path.join(ROOT, "benchmarks", bench + ".py"))
+                else f"Script: `workloads/{bench}.py`", ""]
+        for d, c, variant, f in files:
+            if d != newest:
+                continue
+            out += [f"### {d}, commit {c}" + (f" ({variant})" if variant else ""), "",
+                    f"`benchmarks/results/{bench}/{f}`", ""]
+            with open(os.path.join(RESULTS, bench, f), encoding="utf-8") as fh:
+                text = fh.read()
+            out += ([_demote(text)] if f.endswith(".md") else ["```", text.rstrip(), "```"]) + [""]
+        older = [f for d, _, _, f in files if d != newest]
+        if older:
+            out += ["Older results: " + ", ".join(f"`{f}`" for f in older) + ".", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--check", action="store_true")
+    a = p.parse_args()
+    path = os.path.join(DOCS, "benchmarks.md")
+    text = render()
+    if a.check:
+        with open(path, encoding="utf-8") as fh:
+            same = fh.read() == text
+        print("docs/benchmarks.md is current" if same else
+              "docs/benchmarks.md differs: run python docs/tools/gen_benchmarks.py")
+        raise SystemExit(0 if same else 1)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
