@@ -37,9 +37,11 @@ demo: $(BASE)
 	$(VENV)/bin/commprof record -o $(DEMO_DIR) --nproc 2 -- $(PY) workloads/resnet.py
 	$(VENV)/bin/commprof report $(DEMO_DIR) --out-dir $(DEMO_DIR)/report
 
-# Lint (ruff: pyflakes and pycodestyle rules, 120 columns; pyproject.toml).
+# Lint (ruff: pyflakes and pycodestyle rules, 120 columns) and type-check
+# (mypy: commprof/trace and analyzers); settings in pyproject.toml.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The documentation site (docs/, mkdocs.yml) into site/; the CLI reference regenerated first.
 docs: $(STAMP)

@@ -12,12 +12,12 @@ LL128 / Simple, gloo's algorithms). Reported: alpha (s), beta (bytes/s),
 R^2 (of t, on the fitted range) and the largest relative residual."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 
-def fit_line(sizes: Sequence[float], times: Sequence[float]) -> Dict[str, float]:
+def fit_line(sizes: "Sequence[float] | np.ndarray", times: "Sequence[float] | np.ndarray") -> Dict[str, float]:
     """alpha, beta, r2, max_rel_residual of T = alpha + S/beta."""
     s = np.asarray(sizes, np.float64)
     t = np.asarray(times, np.float64)
@@ -47,7 +47,7 @@ def fit_line(sizes: Sequence[float], times: Sequence[float]) -> Dict[str, float]
 
 
 def fit(sizes: Sequence[float], times: Sequence[float], split_above: float = 0.25,
-        min_points: int = 3) -> List[Dict[str, float]]:
+        min_points: int = 3) -> List[Dict[str, Any]]:
     """One piece, or two split at the protocol switch when one line leaves a
     relative residual above ``split_above``."""
     s = np.asarray(sizes, np.float64)

@@ -30,6 +30,8 @@ moved onto a private stretch of one int64 time line.
 """
 from __future__ import annotations
 
+from typing import Dict
+
 import numpy as np
 import pandas as pd
 
@@ -191,7 +193,7 @@ def share_intervals(steps: pd.DataFrame) -> dict:
     if steps.empty:
         return {"steps_n": 0, **{f"{c}_{e}": float("nan") for c in CATEGORIES for e in ("lo", "hi")}}
     per = steps.groupby("step")[list(CATEGORIES) + ["step_time"]].sum()
-    out = {"steps_n": int(len(per))}
+    out: Dict[str, float] = {"steps_n": int(len(per))}
     for c in CATEGORIES:
         _, lo, hi, _ = ratio_interval(per[c].to_numpy(), per["step_time"].to_numpy())
         out[f"{c}_lo"], out[f"{c}_hi"] = lo, hi

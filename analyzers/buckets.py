@@ -19,7 +19,7 @@ step whose slowest backward ends after the last collective is gated by that
 rank's compute. Pure: pandas in, tables out."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -279,7 +279,7 @@ def gate_table(paths: pd.DataFrame, buckets_t: Optional[pd.DataFrame] = None) ->
     return out.sort_values(["steps", "gate"], ascending=[False, True]).reset_index(drop=True)
 
 
-def gate_summary(paths: pd.DataFrame) -> Dict[str, object]:
+def gate_summary(paths: pd.DataFrame) -> Dict[str, Any]:
     """The most frequent gating bucket and rank, with their shares of steps."""
     if paths.empty:
         return {}

@@ -160,7 +160,7 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]
     return out[cols]
 
 
-def _estimate(pairs: pd.DataFrame, ref: tuple, d: tuple):
+def _estimate(pairs: pd.DataFrame, ref, d):
     a = pairs[pairs["dom"] == ref].set_index(["group", "seq"])
     b = pairs[pairs["dom"] == d].set_index(["group", "seq"])
     j = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("_a", "_b"))

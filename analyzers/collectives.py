@@ -241,7 +241,7 @@ class CollectiveStats:
                 ur, inv = np.unique(rank, return_inverse=True)
                 off = np.array([offsets.get(int(r), 0) for r in ur], np.int64)[inv]
             else:
-                off = 0
+                off = np.zeros(1, np.int64)
             g_codes, groups = _codes(comm.column("group"))
             gid = self._ids("group", groups)[g_codes]
             oid = self._ids("op", ops)[op_codes]

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -414,6 +414,7 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
         if np.allclose(theta_new, theta, rtol=1e-6, atol=0) and abs(s_new - s) < 1e-4:
             break
         theta, s = theta_new, s_new
+    assert best is not None
     _, theta, cov, s = best
     theta, cov = theta.copy(), cov.copy()
     for j in (3, 4):                           # an assumed scope follows the fitted one
@@ -543,7 +544,7 @@ class CostModel:
     def _ppn(self, n: int) -> int:
         return int(self.gpus_per_node or self.ppn or 1)
 
-    def estimate(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None) -> Dict[str, object]:
+    def estimate(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None) -> Dict[str, Any]:
         """Point, interval and the choice of one call (seconds)."""
         if n <= 1:
             return {"time_s": 0.0, "lo_s": 0.0, "hi_s": 0.0, "algorithm": "-", "form": self.best}
@@ -554,10 +555,10 @@ class CostModel:
             lat = _scaled(f, [op], [nbytes], [n], [p], self.bw_scale, self.lat_scale)
             vals[name] = (float(lat[0]), str(c[0]), float(se[0]) * float(lat[0]) / max(float(t[0]), 1e-30),
                           f.scatter)
-        t, choice, _se, _s = vals[self.best]
+        t_best, choice, _se, _s = vals[self.best]
         lo = min(v[0] - 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
         hi = max(v[0] + 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
-        return {"time_s": t, "lo_s": max(min(lo, t), 0.0), "hi_s": max(hi, t), "algorithm": choice,
+        return {"time_s": t_best, "lo_s": max(min(lo, t_best), 0.0), "hi_s": max(hi, t_best), "algorithm": choice,
                 "form": self.best}
 
     def time(self, op: str, nbytes: float, n: int) -> float:

@@ -59,7 +59,8 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataF
         return pd.DataFrame(columns=SCOPE_COLUMNS)
     scope = group_scope(comm, hosts)
     gcodes, gnames = _str_codes(comm["group"])
-    scope_of = np.array([{"intra-node": 0, "inter-node": 1}.get(scope.get(g), -1) for g in gnames], np.int64)
+    codes = {"intra-node": 0, "inter-node": 1}
+    scope_of = np.array([codes.get(scope.get(g) or "", -1) for g in gnames], np.int64)
     sc = scope_of[gcodes]
     ocodes, onames = _str_codes(comm["name"])
     keep = sc >= 0

@@ -351,12 +351,14 @@ def replay(st: Structure, n: int, comm: "cost.CostModel", steps: int = 60, reps:
         busy = (sums["pre"] + sums["bwd"] + sums["post"]) / (mean_step * steps * n) * 100
         return max(0.0, 100 - busy)
 
-    means, sums = [], None
+    means: List[float] = []
+    sums: Optional[dict] = None
     for k in range(reps):
         m, s_ = one("point", seed * 1000 + k)
         means.append(m)
         sums = s_ if sums is None else {c: sums[c] + s_[c] for c in cols}
     step = float(np.mean(means))
+    assert sums is not None
     ends = {}
     for bound in ("lo", "hi"):
         runs = [one(bound, seed * 1000 + k) for k in range(max(4, reps // 3))] if n > 1 else []

@@ -340,7 +340,7 @@ BENCH_TABLE_COLUMNS = [
 ]
 
 
-def model_report(fits: List[tuple], against: List[tuple] = (), bench_rows: List[tuple] = ()) -> Report:
+def model_report(fits: List[tuple], against: Sequence[tuple] = (), bench_rows: Sequence[tuple] = ()) -> Report:
     """``commprof model`` (and ``commprof report`` of bench traces): the
     alpha-beta fit of each trace, agreement with given models, and the
     benchmark's nccl-tests rows."""
@@ -462,7 +462,7 @@ def _predicted_study(table: pd.DataFrame) -> pd.DataFrame:
     t = table[table["kind"].isin(["measured", "predicted"])]
     if t.empty:
         return pd.DataFrame()
-    rows = {}
+    rows: Dict[int, dict] = {}
     for _, r in t.sort_values(["gpus", "kind"]).iterrows():
         mark = "*" if r["kind"] == "predicted" else ""
         cells = rows.setdefault(int(r["gpus"]), {"gpus": int(r["gpus"])})

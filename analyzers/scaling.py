@@ -346,7 +346,7 @@ def adopt_baselines(runs: List[RunAnalysis], group_by: Optional[Sequence[str]] =
 
     for r in runs:
         if r.world_size == 1 and r.meta.get("framework") == "none":
-            frameworks = sorted({o.meta.get("framework") for o in others
+            frameworks = sorted({str(o.meta.get("framework")) for o in others
                                  if key(o.meta) == key(r.meta) and o.meta.get("framework") not in (None, "none")})
             if frameworks:
                 for fw in frameworks:

@@ -47,14 +47,16 @@ class Sketch:
         self._fold(v)
 
     def _fold(self, v: np.ndarray) -> None:
+        hist = self._hist
+        assert hist is not None
         pos = v[v > 0]
         zero = len(v) - len(pos)
         if zero:
-            self._hist[None] = self._hist.get(None, 0) + zero
+            hist[None] = hist.get(None, 0) + zero
         if len(pos):
             bins, counts = np.unique(np.floor(np.log(pos) / _LOG_BASE).astype(np.int64), return_counts=True)
             for b, c in zip(bins.tolist(), counts.tolist()):
-                self._hist[b] = self._hist.get(b, 0) + c
+                hist[b] = hist.get(b, 0) + c
 
     def mean(self) -> float:
         return self.total / self.count if self.count else float("nan")

@@ -123,7 +123,7 @@ def _verdicts(t: pd.DataFrame, metric: str) -> List[dict]:
     return rows.drop(columns=["accused"]).to_dict("records")
 
 
-def arrival_test(block_last: Sequence[int], lateness: pd.DataFrame, ranks: int) -> List[dict]:
+def arrival_test(block_last: Sequence[Optional[int]], lateness: pd.DataFrame, ranks: int) -> List[dict]:
     """The arrival rule from the per-block last-arriving rank and the
     per-rank mean lateness (collectives.CollectiveStats.rank_lateness)."""
     b = np.asarray([x for x in block_last if x is not None and x == x], dtype=np.int64)
@@ -151,7 +151,7 @@ def arrival_test(block_last: Sequence[int], lateness: pd.DataFrame, ranks: int) 
 
 
 def stragglers(steps: pd.DataFrame, lateness: Optional[pd.DataFrame] = None,
-               block_last: Optional[Sequence[int]] = None) -> pd.DataFrame:
+               block_last: Optional[Sequence[Optional[int]]] = None) -> pd.DataFrame:
     """Per metric: the accused ranks, or the most suspect rank and why it
     is not accused (see the module docstring)."""
     rows: List[dict] = []

@@ -49,7 +49,7 @@ class TraceWriter:
         self._level = compression_level
         self._ctx = atomic_path(path)
         self._tmp = self._ctx.__enter__()
-        self._writer = None
+        self._writer: Any = None
 
     def write(self, table) -> None:
         import pyarrow.parquet as pq
@@ -216,6 +216,7 @@ def iter_file_chunks(path: str, columns: Optional[Sequence[str]] = None,
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(read, plan[0]) if plan else None
         for k in range(len(plan)):
+            assert future is not None
             table = future.result()
             future = pool.submit(read, plan[k + 1]) if k + 1 < len(plan) else None
             yield table

@@ -81,7 +81,9 @@ REQUIRED_COLUMNS = ("rank", "step", "category", "name", "t_start", "t_end")
 
 #: One event row, in EVENT_COLUMNS order (a plain tuple underneath: cheap to
 #: build on the recording hot path, and the only place rows are spelled out).
-Event = collections.namedtuple("Event", EVENT_COLUMNS, defaults=(None,) * (len(EVENT_COLUMNS) - 7))
+# fields and defaults computed from EVENT_COLUMNS (mypy cannot follow that)
+Event = collections.namedtuple("Event", EVENT_COLUMNS,  # type: ignore[misc]
+                               defaults=(None,) * (len(EVENT_COLUMNS) - 7))  # type: ignore[misc]
 Event.__doc__ = ("One trace event without its rank. Required: step, category, name, source, "
                  "detail, t_start, t_end; every other column defaults to None.")
 
