@@ -196,11 +196,14 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
     meds = {c: med[c].to_dict() for c in ("data_ns", "fwd_ns", "s0", "b0")}
     bw_med_d = bw_med.to_dict()
 
-    def late(step: int, rank: int, ready_at: Optional[float]) -> str:
+    def late(step: int, rank: int, ready_at: Optional[float], ready_rel_med: Optional[float] = None) -> str:
         i = pos[(step, rank)]
         data_x = cols["data_ns"][i] - meds["data_ns"][step]
         fwd_x = cols["fwd_ns"][i] - meds["fwd_ns"][step]
-        if ready_at is not None:   # median over ranks of (ready_at - b0) = ready_at - median(b0)
+        if ready_at is not None and ready_rel_med is not None:
+            # its backward up to this bucket vs the median rank's (each rank's ready - its b0)
+            bw_x = (ready_at - cols["b0"][i]) - ready_rel_med
+        elif ready_at is not None:
             bw_x = (ready_at - cols["b0"][i]) - (ready_at - meds["b0"][step])
         else:
             bw_x = (cols["b1"][i] - cols["b0"][i]) - bw_med_d[step]
@@ -211,16 +214,21 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
     inst: Dict[int, tuple] = {}
     if len(g):
         gg = g[g["step"].isin(steps)]
+        b0_of = ph.set_index(["step", "rank"])["b0"]
+        b0 = b0_of.reindex(pd.MultiIndex.from_arrays([gg["step"], gg["rank"]])).to_numpy(np.float64)
+        gg = gg.assign(rel=gg["issue"].to_numpy(np.float64) - b0)
         grouped = gg.groupby(["step", "k"], sort=True)
-        agg = grouped.agg(last=("issue", "max"), done=("end", "mean"))
+        agg = grouped.agg(last=("issue", "max"), done=("end", "mean"), rel=("rel", "median"))
         who = gg.loc[grouped["issue"].idxmax().to_numpy(), "rank"].to_numpy()
         op = gg.groupby("step")["op"].first().to_dict()
         st_arr = agg.index.get_level_values("step").to_numpy()
         ks_arr = agg.index.get_level_values("k").to_numpy()
         last_arr, done_arr = agg["last"].to_numpy(np.float64), agg["done"].to_numpy(np.float64)
+        rel_arr = agg["rel"].to_numpy(np.float64)
         cuts = np.flatnonzero(np.diff(st_arr)) + 1
         for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(st_arr)]])):
-            inst[int(st_arr[a])] = (ks_arr[a:b], last_arr[a:b], done_arr[a:b], who[a:b], op[int(st_arr[a])])
+            inst[int(st_arr[a])] = (ks_arr[a:b], last_arr[a:b], done_arr[a:b], who[a:b], op[int(st_arr[a])],
+                                    rel_arr[a:b])
     rows = []
     for s_ in steps:
         bwd_e, slow_bwd = float(bwd_end[s_]), int(slow[s_])
@@ -228,7 +236,7 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
             rows.append(_gate_row(s_, "compute", slow_bwd, None, late(s_, slow_bwd, None),
                                   [f"rank {slow_bwd} backward", "optimizer"], 0.0))
             continue
-        ks, last, done, whos, op_ = inst[s_]
+        ks, last, done, whos, op_, rels = inst[s_]
         last_done = float(done[-1])
         if bwd_e > last_done:   # the slowest backward ends after every collective: compute gates
             rows.append(_gate_row(s_, "compute", slow_bwd, None, late(s_, slow_bwd, None),
@@ -240,7 +248,8 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
             chain.insert(0, f"bucket {ks[j]} {op_}")
             j -= 1
         k, who_j = ks[j], int(whos[j])
-        phase = late(s_, who_j, float(last[j]))
+        rel_j = float(rels[j])
+        phase = late(s_, who_j, float(last[j]), rel_j if rel_j == rel_j else None)
         chain = [f"rank {who_j} {phase}", f"bucket {k} ready last on rank {who_j}", f"bucket {k} {op_}"] \
             + chain + ["optimizer"]
         rows.append(_gate_row(s_, "bucket", who_j, int(k), phase, chain, (last_done - bwd_e) / 1e6))

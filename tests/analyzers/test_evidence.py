@@ -163,3 +163,15 @@ def test_the_rules_page_is_the_generated_table():
     with open(os.path.join(ROOT, "docs", "findings.md")) as f:
         text = f.read()
     assert ev.rules_markdown() in text
+
+
+@pytest.mark.parametrize("where, why", [("compute", "backward"), ("data", "data wait")])
+def test_the_gate_says_why_the_planted_rank_is_late(tmp_path, where, why):
+    """Through the whole report: a rank slowed in its backward (or its data
+    wait) is the critical path's gate, and the phase named is that one."""
+    import commprof
+
+    path = Sim(8, 50, seed=3, slow_rank=6, delta_ms=3.0, where=where).run().write(tmp_path / "t.parquet")
+    found = commprof.load(path).report().tables["bottlenecks"].frame
+    gate = found[found["finding"].str.startswith("critical path")]["evidence"].iloc[0]
+    assert "rank 6 is the last ready" in gate and f"(why: {why})" in gate, gate
