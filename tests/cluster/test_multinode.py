@@ -216,7 +216,13 @@ def test_one_record_around_a_launcher_that_starts_every_node(make_cluster, tmp_p
     assert t.meta["ranks_recorded"] == 2
     assert sorted(m["host"] for m in t.ranks) == ["node0", "node1"]
     clocks = t.analysis().clocks.set_index("host")
-    assert abs(clocks.loc["node1", "offset_ms"] + 1_000_000.0) < 1.0
+    # node1's clock is 1,000 s behind (its time namespace): the truth lies in
+    # the interval the collectives allow, and the estimate is within it (the
+    # interval's width is the ranks' scheduling jitter: narrow on an idle
+    # machine, a few ms when the 2 cores are shared)
+    lo, hi, off = clocks.loc["node1", ["feasible_lo_ms", "feasible_hi_ms", "offset_ms"]]
+    assert lo - 0.05 <= -1_000_000.0 <= hi + 0.05, (lo, hi)
+    assert lo <= off <= hi and hi - lo < 20.0, (lo, off, hi)
 
 
 def test_bench_beta_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_path):
