@@ -19,9 +19,11 @@ The tests (pure functions, no SciPy):
 
 - ``binomial_test``: k of n trials against a per-trial chance p0 (exact
   upper tail);
-- ``sign_test``: paired per-step excesses over the median of the other ranks, positive
-  in k of n steps against 1/2, with the distribution-free 95 % interval of
-  the median excess (order statistics);
+- the sign test (``stragglers.sign_tests``, vectorised over ranks or
+  hosts, on ``binomial_sf`` and ``median_rank`` here): paired per-step
+  excesses over the median of the other ranks, positive in k of n steps
+  against 1/2, with the distribution-free 95 % interval of the median
+  excess (``median_interval``: order statistics);
 - ``ratio_interval``: a time-weighted share over steps with its 95 %
   interval (linearised ratio estimator, normal quantile).
 
@@ -128,26 +130,6 @@ def binomial_test(k: int, n: int, p0: float, members: int, alpha: float = RULE_A
                     bonferroni(binomial_sf(int(k), int(n), float(p0)), members), alpha)
 
 
-@dataclass(frozen=True)
-class Sign:
-    n: int            # steps compared
-    k: int            # steps with a positive excess
-    median: float     # median excess
-    lo: float         # its distribution-free 95 % interval
-    hi: float
-    members: int
-    p: float          # corrected
-    alpha: float
-
-    @property
-    def needed(self) -> int:
-        return min_trials(0.5, self.members, self.alpha)
-
-    @property
-    def significant(self) -> bool:
-        return self.n >= self.needed and self.p < self.alpha
-
-
 def median_interval(x: np.ndarray) -> Tuple[float, float]:
     """Distribution-free 95 % interval of the median of x (order
     statistics: the widest j with P(Binomial(n, 1/2) < j) <= 2.5 %)."""
@@ -159,22 +141,6 @@ def median_interval(x: np.ndarray) -> Tuple[float, float]:
     if j == 0:
         return (float(x[0]), float(x[-1]))
     return (float(x[j - 1]), float(x[n - j]))
-
-
-def sign_test(excess: Sequence[float], members: int, alpha: float = RULE_ALPHA) -> Sign:
-    """Paired per-step excesses of one member over the median member:
-    positive more often than half the time? (Under exchangeable members the
-    chance of exceeding the median of all members is 1/2 for an even count
-    and less for an odd one, so 1/2 is the conservative null.)"""
-    d = np.asarray(excess, dtype=np.float64)
-    d = d[~np.isnan(d)]
-    n = len(d)
-    if n == 0:
-        return Sign(0, 0, float("nan"), float("nan"), float("nan"), members, 1.0, alpha)
-    k = int((d > 0).sum())
-    lo, hi = median_interval(d)
-    return Sign(n, k, float(np.median(d)), lo, hi, int(members), bonferroni(binomial_sf(k, n, 0.5), members),
-                alpha)
 
 
 def ratio_interval(num: Sequence[float], den: Sequence[float]) -> Tuple[float, float, float, int]:

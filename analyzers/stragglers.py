@@ -81,7 +81,7 @@ def wide(values: pd.DataFrame):
 
 def sign_tests(values: pd.DataFrame, scale: float = 1e6) -> pd.DataFrame:
     """Per unit (rank or host): the sign test of its paired per-step excess
-    over the median of the others (evidence.sign_test, vectorised over the
+    over the median of the others (vectorised over the
     units), in ms (values in ns unless ``scale`` says otherwise)."""
     units, m = wide(values)
     members, n = len(units), len(m)

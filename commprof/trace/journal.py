@@ -137,8 +137,7 @@ class JournalWriter:
                 payload += struct.pack("<I", len(b)) + b
             data += _BLOCK.pack(b"B", ord("S"), len(payload), zlib.crc32(payload)) + payload
         data += _BLOCK.pack(b"B", ord("E"), len(out), zlib.crc32(out)) + out
-        assert self._fd is not None
-        os.write(self._fd, bytes(data))
+        os.write(self._fd, bytes(data))  # type: ignore[arg-type]  # open while rows are written
         self.events += len(rows)
 
     def write_meta(self, meta: Dict[str, Any]) -> None:

@@ -6,7 +6,6 @@ is current.
     python docs/tools/gen_benchmarks.py            # rewrite docs/benchmarks.md
     python docs/tools/gen_benchmarks.py --check    # exit 1 if it differs
 """
-import argparse
 import os
 import re
 
@@ -87,19 +86,9 @@ def render() -> str:
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--check", action="store_true")
-    a = p.parse_args()
-    path = os.path.join(DOCS, "benchmarks.md")
-    text = render()
-    if a.check:
-        with open(path, encoding="utf-8") as fh:
-            same = fh.read() == text
-        print("docs/benchmarks.md is current" if same else
-              "docs/benchmarks.md differs: run python docs/tools/gen_benchmarks.py")
-        raise SystemExit(0 if same else 1)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    from page import main as write_page
+
+    write_page(os.path.join(DOCS, "benchmarks.md"), render, "python docs/tools/gen_benchmarks.py")
 
 
 if __name__ == "__main__":

@@ -65,18 +65,9 @@ def render() -> str:
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--check", action="store_true")
-    a = p.parse_args()
-    path = os.path.join(DOCS, "cli.md")
-    text = render()
-    if a.check:
-        with open(path) as fh:
-            same = fh.read() == text
-        print("docs/cli.md is current" if same else "docs/cli.md differs: run python docs/tools/gen_cli.py")
-        raise SystemExit(0 if same else 1)
-    with open(path, "w") as fh:
-        fh.write(text)
+    from page import main as write_page
+
+    write_page(os.path.join(DOCS, "cli.md"), render, "python docs/tools/gen_cli.py")
 
 
 if __name__ == "__main__":
