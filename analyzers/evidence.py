@@ -211,7 +211,8 @@ RULES: List[Rule] = [
          "per step (the collectives of a step taken as one block), the rank that arrived last most often; "
          "k of n blocks, and its mean lateness behind the earliest rank vs the other ranks' median",
          "every rank arrives last with chance 1/N per block; exact binomial, Bonferroni over the N ranks",
-         f"{_alpha()} and a mean lateness {MIN_EFFECT_MS} ms over the other ranks' median"),
+         f"{_alpha()} and a mean lateness over the other ranks' median of at least {MIN_EFFECT_MS} ms and "
+         f"{100 * MIN_EFFECT_REL:.0f} % of the median step"),
     Rule("slow node: host h",
          "per step, the mean work of h's ranks minus the median of the other hosts; sign test as for ranks",
          "exceeding the other hosts' median is a fair coin, Bonferroni over the hosts",

@@ -18,7 +18,11 @@ and its median excess is at least ``evidence.MIN_EFFECT_MS`` and
 From the collectives (``arrival``): the rank that arrived last most often
 in each step's block of collectives, counted over blocks and tested
 against chance 1/N (exact binomial, Bonferroni over the ranks), with a
-mean lateness at least ``evidence.MIN_EFFECT_MS`` over the other ranks' median.
+mean lateness over the other ranks' median of at least
+``evidence.MIN_EFFECT_MS`` and ``evidence.MIN_EFFECT_REL`` of the median
+step time (a collective releases its ranks a little apart, so one rank of
+an equal pair can start, and arrive, systematically later by a fraction of
+a millisecond: that costs the step nothing worth a finding).
 
 ``stragglers`` returns, per metric, every accused rank (verdict
 ``straggler``) or else the most suspect one with verdict ``no evidence``
@@ -123,15 +127,18 @@ def _verdicts(t: pd.DataFrame, metric: str) -> List[dict]:
     return rows.drop(columns=["accused"]).to_dict("records")
 
 
-def arrival_test(block_last: Sequence[Optional[int]], lateness: pd.DataFrame, ranks: int) -> List[dict]:
+def arrival_test(block_last: Sequence[Optional[int]], lateness: pd.DataFrame, ranks: int,
+                 step_ms: float = float("nan")) -> List[dict]:
     """The arrival rule from the per-block last-arriving rank and the
-    per-rank mean lateness (collectives.CollectiveStats.rank_lateness)."""
+    per-rank mean lateness (collectives.CollectiveStats.rank_lateness);
+    ``step_ms``, the median step time, sets the relative effect floor."""
     b = np.asarray([x for x in block_last if x is not None and x == x], dtype=np.int64)
     if ranks < 2 or not len(b) or lateness is None or lateness.empty:
         return []
     counts = pd.Series(b).value_counts()
     late = dict(zip(lateness["rank"].astype(int), lateness["lateness_ms"]))
     rows = []
+    floor = ev.min_effect_ms(step_ms)
     for r, k in counts.items():
         t = ev.binomial_test(int(k), len(b), 1.0 / ranks, ranks)
         others = [v for q, v in late.items() if q != int(r) and v == v]
@@ -141,7 +148,7 @@ def arrival_test(block_last: Sequence[Optional[int]], lateness: pd.DataFrame, ra
                      "late_pct": 100.0 * k / len(b), "excess_ms": excess, "excess_lo_ms": np.nan,
                      "excess_hi_ms": np.nan, "excess_pct": 100.0 * excess / med if med > 0 else np.nan,
                      "value_ms": float(late.get(int(r), np.nan)), "median_ms": med, "p": t.p, "needed": t.needed,
-                     "verdict": "straggler" if t.significant and excess >= ev.MIN_EFFECT_MS else None})
+                     "verdict": "straggler" if t.significant and excess >= floor else None})
     accused = [x for x in rows if x["verdict"] == "straggler"]
     if accused:
         return accused
@@ -161,7 +168,8 @@ def stragglers(steps: pd.DataFrame, lateness: Optional[pd.DataFrame] = None,
             v = s[["rank", "step", col]].rename(columns={"rank": "unit", col: "v"})
             rows += _verdicts(sign_tests(v), metric)
         if block_last is not None:
-            rows += arrival_test(block_last, lateness, int(steps["rank"].nunique()))
+            rows += arrival_test(block_last, lateness, int(steps["rank"].nunique()),
+                                 float(steps["step_time"].median()) / 1e6)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

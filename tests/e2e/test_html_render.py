@@ -55,23 +55,17 @@ def test_the_checks_catch_a_broken_report(chromium, tmp_path):
 def test_demo_report_renders(chromium, tmp_path):
     """What ``make demo`` shows (ResNet-18, DDP, 2 CPU ranks, here with
     fewer and smaller steps) next to its 1-process run: the report draws in
-    both colour schemes; screenshots kept. Its two equal ranks are not told
-    apart: no finding names a rank (enough steps that one could)."""
-    import commprof
-    from commprof.analyzers import evidence
-
+    both colour schemes; screenshots kept. (Its two CPU ranks share this
+    machine's two cores with the launcher, so they need not be equal: one
+    was measured 30 ms late in 9 of 9 steps once. Equal and unequal ranks
+    by construction are tests/record/test_equal_ranks.py.)"""
     env = venv_env()
-    steps = evidence.min_trials(0.5, 2) + 3            # warm-up left out, still enough to accuse
-    resnet = [sys.executable, os.path.join(ROOT, "workloads", "resnet.py"), "--steps", str(steps),
+    resnet = [sys.executable, os.path.join(ROOT, "workloads", "resnet.py"), "--steps", "8",
               "--image-size", "32", "--no-val"]
     for name, nproc in (("one", None), ("two", "2")):
         opts = ["--nproc", nproc] if nproc else []
         proc = run(commprof_cmd("record", "-o", str(tmp_path / name), *opts, "--", *resnet), timeout=400, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    found = commprof.load(str(tmp_path / "two")).report().tables["bottlenecks"].frame
-    named = [f for f, e in zip(found["finding"], found["evidence"])
-             if f.startswith(("straggler:", "slow node:")) or "(why: " in e]
-    assert named == [] and "no straggler" in set(found["finding"]), found[["finding", "evidence"]].to_string()
     html = str(tmp_path / "report.html")
     proc = run(commprof_cmd("report", str(tmp_path / "one"), str(tmp_path / "two"), "-o", html), env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

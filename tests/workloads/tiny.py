@@ -76,10 +76,11 @@ def train(rank, world, args):
             model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    ds = Sleepy(args.batch * args.steps * max(world, 1), args.dim, args.sleep, seed=1)
+    sleep = args.sleep + (args.slow_extra if rank == args.slow_rank else 0.0)
+    ds = Sleepy(args.batch * args.steps * max(world, 1), args.dim, sleep, seed=1)
     sampler = torch.utils.data.distributed.DistributedSampler(ds, world, rank, shuffle=False) if distributed else None
     loader = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=args.workers,
-                        collate_fn=SleepyCollate(args.sleep))
+                        collate_fn=SleepyCollate(sleep))
     losses, data_wait, step_times = [], [], []
     it = iter(loader)
     t_prev = time.monotonic_ns()
@@ -145,6 +146,8 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--sleep", type=float, default=0.0, help="seconds the collate sleeps per batch")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--slow-rank", type=int, default=None, help="this rank's collate sleeps --slow-extra longer")
+    p.add_argument("--slow-extra", type=float, default=0.0, help="seconds")
     p.add_argument("--compute-repeat", type=int, default=1)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--bucket-mb", type=float, default=25)
