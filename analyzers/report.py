@@ -130,6 +130,35 @@ def _check_steps(analysis) -> None:
                                "(no optimizer step was recorded)")
 
 
+FAILURE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("rank", "rank", "d"), ("host", "host", ""),
+    ("ended", "ended", ""), ("after_s", "after s", ".2f"), ("step", "step", "d"), ("where", "where", ""),
+    ("in_flight", "inside", ""), ("detail", "error", ""),
+]
+
+
+def _failures(runs, finds: pd.DataFrame):
+    """The failure table and finding of every run that did not end
+    cleanly (analyzers/failure.py); its other findings say that they cover
+    only the steps before the failure."""
+    from . import failure
+
+    rows, frames, keys = [], [], set()
+    for r in runs:
+        if failure.failed(r.meta):
+            rows += failure.findings(r.meta, r.label, r.world_size)
+            frames.append(failure.ends_table(r.meta).assign(config=r.label, gpus=r.world_size))
+            keys.add((r.label, int(r.world_size)))
+    if not rows:
+        return pd.DataFrame(), finds
+    if len(finds):
+        hit = [(c, int(g)) in keys for c, g in zip(finds["config"], finds["gpus"])]
+        finds = finds.copy()
+        finds.loc[hit, "evidence"] = "before the failure: " + finds.loc[hit, "evidence"].astype(str)
+    finds = pd.concat([pd.DataFrame(rows), finds], ignore_index=True)
+    return pd.concat(frames, ignore_index=True), finds
+
+
 def build_report(runs, warmup: int = 1):
     """The report's tables from analysed runs (RunAnalysis objects)."""
     from . import bottleneck, scaling
@@ -154,14 +183,17 @@ def build_report(runs, warmup: int = 1):
     fine = fine_grain(runs)
     if len(fine["findings"]):
         finds = pd.concat([finds, fine["findings"]], ignore_index=True)
+    ends_t, finds = _failures(runs, finds)
     notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
     for r in runs:
         if r.meta.get("salvaged_ranks"):
             notes.append(f"{r.meta['path']}: rank(s) {r.meta['salvaged_ranks']} were killed; "
                          "their events up to the last flush are included.")
-    tables = {
-        "breakdown": Table("Breakdown per GPU count (exposed shares of step time)", table, BREAKDOWN_COLUMNS),
-    }
+    tables = {}
+    if len(ends_t):
+        tables["failure"] = Table("The job failed: how each rank ended (first to end first)", ends_t,
+                                  FAILURE_COLUMNS)
+    tables["breakdown"] = Table("Breakdown per GPU count (exposed shares of step time)", table, BREAKDOWN_COLUMNS)
     study = scaling.study_table(table)
     if len(study):
         tables["study"] = Table("Side by side (busy shares of step time, as scaling studies report them)",

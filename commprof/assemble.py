@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .trace import journal, parquet, schema
+from .trace import ends, journal, parquet, ring, schema
 from .trace.journal import HOROVOD_TIMELINE_FILE, find_shards
 from .trace.metadata import batch_size, run_metadata
 from .trace.parquet import TRACE_FILE
@@ -45,11 +45,57 @@ class Run:
         return int(self.meta.get("world_size") or 1)
 
 
+#: ``detail`` of a collective a rank was inside when it ended (from its
+#: ring; its ``t_end`` is its issue time)
+IN_FLIGHT = "in flight when the rank ended"
+#: ring records per rank kept in the metadata of a failed run
+LAST_KEPT = 32
+
+
+def _ring_rows(folder: str, table: pa.Table, meta: Dict[str, Any]) -> List[tuple]:
+    """The rank's ring records its journal lacks (the last flush did not
+    come): completed ones as collectives, those in flight as collectives
+    marked IN_FLIGHT (also listed in ``meta["end"]["in_flight"]``). How the
+    rank ended goes to ``meta["end"]``."""
+    meta["end"] = end = ends.end_of(folder, meta)
+    recs = ring.read_process(folder, str(meta.get("host")), int(meta.get("pid") or 0))
+    if not recs:
+        return []
+    t_min = min(r["t_issue"] for r in recs)
+    comm = table.filter(pc.and_(pc.equal(table.column("category"), "comm"),
+                                pc.greater_equal(table.column("t_start"), t_min)))
+    have = set(zip(comm.column("group").to_pylist(), comm.column("seq").to_pylist()))
+    rows: List[tuple] = []
+    inflight = []
+    for r in recs:
+        if (r["group"], r["seq"]) in have:
+            continue
+        done = r["t_done"] is not None
+        t1 = r["t_done"] if done else r["t_issue"]
+        rows.append(schema.Event(r["step"], "comm", r["op"], r["source"], None if done else IN_FLIGHT,
+                                 r["t_issue"], t1, None, None, r["bytes"], r["dtype"], r["group"],
+                                 r["group_size"] or None, r["seq"], r["source"] != "ddp_reducer"))
+        if not done:
+            inflight.append({k: r[k] for k in ("group", "seq", "op", "bytes", "dtype", "source", "step")})
+    end["in_flight"] = inflight
+    end["recovered"] = len(rows) - len(inflight)
+    end["step"] = (inflight[-1] if inflight else recs[-1])["step"]  # the metadata's may be a flush old
+    # the last collectives, for the cross-rank match of a failed run
+    # (trace.metadata.run_metadata keeps them only when the run failed)
+    end["last"] = [[r["group"], r["seq"], r["op"], r["bytes"], r["dtype"], r["source"], r["t_done"] is not None,
+                    r["writer"]] for r in recs[-LAST_KEPT:]]
+    return rows
+
+
 def _with_side_files(folder: str, table: pa.Table, meta: Dict[str, Any]) -> pa.Table:
     """Append what other tools wrote beside the rank's shard, moved onto the
     rank's clock: kernel mode's torch.profiler window and, for rank 0, the
-    Horovod timeline."""
+    Horovod timeline; and the rank's ring records its journal lacks."""
     from .convert import horovod_timeline, kineto
+
+    rrows = _ring_rows(folder, table, meta)
+    if rrows:
+        table = pa.concat_tables([table, schema.rows_to_table(rrows, int(meta.get("rank", 0)))]).unify_dictionaries()
 
     kpath = journal.kernel_trace_path(folder, meta.get("host"), meta.get("pid"))
     hpath = os.path.join(folder, HOROVOD_TIMELINE_FILE)
@@ -99,8 +145,15 @@ def iter_shard_tables(folder: str) -> Iterator[Tuple[pa.Table, Dict[str, Any]]]:
         yield _with_side_files(folder, table, meta), meta
     for j in journals:
         table, meta = journal.load_journal(j)
+        if table is None and meta.get("host") and ring.read_process(folder, str(meta["host"]),
+                                                                     int(meta.get("pid") or 0)):
+            # killed before its first flush: what its ring holds is all there is
+            table = schema.TRACE_SCHEMA.empty_table()
+            meta["status"] = "salvaged"
         if table is not None:
-            yield _with_side_files(folder, table, meta), meta
+            out = _with_side_files(folder, table, meta)
+            meta["events"] = out.num_rows
+            yield out, meta
 
 
 def resolve(path: str) -> Tuple[str, str]:

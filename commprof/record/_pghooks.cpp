@@ -5,16 +5,21 @@
 // the bytes, the dtype and the group's next sequence number; the post-hook
 // puts a C++ callback on the work's future that takes the completion time
 // on the backend's thread. Rows wait in a buffer that the journal writer
-// drains (drain()) at each flush. Built once per torch version by
-// commprof.record.native; loaded only where it was built.
+// drains (drain()) at each flush. Every issue is also written, before the
+// call enters the backend, into the crash-proof collective ring (a
+// memory-mapped file, layout in commprof/trace/ring.py) when one is set,
+// and its completion time when it completes. Built once per torch version
+// by commprof.record.native; loaded only where it was built.
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <time.h>
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -31,10 +36,64 @@ int64_t mono_ns() {
 thread_local int suppressed = 0;
 std::atomic<int64_t> current_step{0};
 
+// -- the collective ring (commprof/trace/ring.py: HEADER_SIZE, SLOT, SLOT_SIZE)
+#pragma pack(push, 1)
+struct RingSlot {
+  uint64_t index;
+  int64_t t_issue, t_done, nbytes, seq;
+  int32_t step, group_size;
+  char op[16], group[16], dtype[16], source[24];
+};
+#pragma pack(pop)
+static_assert(sizeof(RingSlot) == 120, "ring slot layout");
+constexpr int64_t kRingHeader = 64, kRingSlotSize = 128;
+
+std::atomic<char*> ring_base{nullptr};  // set_ring
+int64_t ring_slots = 0;
+std::atomic<uint64_t> ring_n{0};
+
+template <size_t N>
+void copy_text(char (&dst)[N], const std::string& s) {
+  std::memset(dst, 0, N);
+  std::memcpy(dst, s.data(), s.size() < N ? s.size() : N);
+}
+
 struct Row {
   int64_t t0 = 0, t1 = 0, nbytes = 0, seq = 0, step = 0;
   int32_t dtype = -1;
+  RingSlot* slot = nullptr;
+  uint64_t index = 0;
 };
+
+// issue: index 0, the fields, then the index (a torn slot reads as empty)
+void ring_issue(Row& r, const std::string& group, int32_t group_size, const std::string& dtype) {
+  char* base = ring_base.load(std::memory_order_acquire);
+  if (base == nullptr) {
+    return;
+  }
+  uint64_t i = ring_n.fetch_add(1) + 1;
+  auto* s = reinterpret_cast<RingSlot*>(base + kRingHeader + ((i - 1) % ring_slots) * kRingSlotSize);
+  __atomic_store_n(&s->index, 0, __ATOMIC_RELEASE);
+  s->t_issue = r.t0;
+  s->t_done = 0;
+  s->nbytes = r.nbytes;
+  s->seq = r.seq;
+  s->step = static_cast<int32_t>(r.step);
+  s->group_size = group_size;
+  copy_text(s->op, "all_reduce");
+  copy_text(s->group, group);
+  copy_text(s->dtype, dtype);
+  copy_text(s->source, "ddp_reducer");
+  __atomic_store_n(&s->index, i, __ATOMIC_RELEASE);
+  r.slot = s;
+  r.index = i;
+}
+
+void ring_done(const Row& r) {
+  if (r.slot != nullptr && __atomic_load_n(&r.slot->index, __ATOMIC_ACQUIRE) == r.index) {
+    r.slot->t_done = r.t1;
+  }
+}
 
 struct State {
   std::mutex mu;
@@ -43,6 +102,9 @@ struct State {
   std::unordered_map<int64_t, Row> issued;  // op_id -> row, until the post-hook
   std::vector<Row> done;
   std::atomic<bool> enabled{true};
+  std::string group;                                // for the ring
+  int32_t group_size = 0;
+  std::unordered_map<int32_t, std::string> dtypes;  // scalar type code -> torch dtype name
 };
 
 class GroupHooks {
@@ -67,6 +129,10 @@ class GroupHooks {
       std::lock_guard<std::mutex> g(st->mu);
       r.seq = st->next_seq++;
       st->last_issue = r.t0;
+      if (ring_base.load(std::memory_order_relaxed) != nullptr) {
+        auto d = st->dtypes.find(r.dtype);
+        ring_issue(r, st->group, st->group_size, d == st->dtypes.end() ? std::string() : d->second);
+      }
       st->issued[a.op_id] = r;
     });
     pg->registerPostHook(id_, [st](const c10d::PostHookArgs& a) {
@@ -90,6 +156,7 @@ class GroupHooks {
       }
       if (!fut) {  // synchronous, or no future: complete when it returned
         r.t1 = mono_ns();
+        ring_done(r);
         std::lock_guard<std::mutex> g(st->mu);
         st->done.push_back(r);
         return;
@@ -98,6 +165,7 @@ class GroupHooks {
       // its own callback: it runs first, on the backend's thread
       fut->addCallback([st, r](c10::ivalue::Future&) mutable {
         r.t1 = mono_ns();
+        ring_done(r);
         std::lock_guard<std::mutex> g(st->mu);
         st->done.push_back(r);
       });
@@ -150,6 +218,14 @@ class GroupHooks {
 
   void set_enabled(bool on) { st_->enabled.store(on); }
 
+  void set_ring_info(const std::string& group, int32_t group_size,
+                     const std::unordered_map<int32_t, std::string>& dtypes) {
+    std::lock_guard<std::mutex> g(st_->mu);
+    st_->group = group;
+    st_->group_size = group_size;
+    st_->dtypes = dtypes;
+  }
+
  private:
   c10::weak_intrusive_ptr<c10d::ProcessGroup> pg_;
   int64_t id_;
@@ -169,7 +245,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("next_seq", &GroupHooks::next_seq)
       .def("last_issue", &GroupHooks::last_issue)
       .def("in_flight", &GroupHooks::in_flight)
-      .def("set_enabled", &GroupHooks::set_enabled);
+      .def("set_enabled", &GroupHooks::set_enabled)
+      .def("set_ring_info", &GroupHooks::set_ring_info);
+  // the ring's mapping (kept alive by the caller for the process's life;
+  // a forked child that records sets its own)
+  m.def("set_ring", [](uintptr_t addr, int64_t slots) {
+    if (addr != 0 && slots > 0) {
+      ring_base.store(nullptr);
+      ring_slots = slots;
+      ring_base.store(reinterpret_cast<char*>(addr), std::memory_order_release);
+    }
+  });
   m.def("set_step", [](int64_t step) { current_step.store(step, std::memory_order_relaxed); });
   m.def("suppress", [](bool on) { suppressed += on ? 1 : -1; });
   m.def("scalar_type_code", [](const at::Tensor& t) { return static_cast<int32_t>(t.scalar_type()); });

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..errors import UsageError
 from ..trace.journal import HOROVOD_TIMELINE_FILE, find_shards, meta_path_of, side_files
@@ -213,12 +213,16 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
             returncode = HANG_EXIT_CODE
 
     _reap_ranks(shard_dir)
+    _echo_fatal_reports(shard_dir)
     shutil.rmtree(boot_dir, ignore_errors=True)
+    job_exit = {"host": socket.gethostname(), "code": returncode, "hang": bool(watchdog and watchdog.fired)}
+    if returncode < 0:
+        job_exit["signal"] = _signal_name(-returncode)
     if participant is None:
-        _merge(out_dir, shard_dir, config, keep_shards)
+        _merge(out_dir, shard_dir, config, keep_shards, job_exit)
     elif participant.finish():
         try:
-            _merge(out_dir, shard_dir, config, keep_shards)
+            _merge(out_dir, shard_dir, config, keep_shards, job_exit)
         finally:
             participant.release()
             if os.path.exists(os.path.join(out_dir, TRACE_FILE)):
@@ -348,7 +352,35 @@ def merge_folder(out_dir: str, force: bool = False) -> None:
         shutil.rmtree(os.path.join(out_dir, shared.NODES_DIR), ignore_errors=True)
 
 
-def _merge(out_dir: str, shard_dir: str, config: Config, keep_shards: bool) -> None:
+def _echo_fatal_reports(shard_dir: str) -> None:
+    """faulthandler reports of ranks whose job had enabled faulthandler (to
+    stderr) go to stderr, as they would have without commprof."""
+    import glob
+
+    from ..trace.journal import FATAL_SUFFIX
+    from .forensics import JOB_ENABLED
+
+    for path in sorted(glob.glob(os.path.join(shard_dir, "*" + FATAL_SUFFIX))):
+        try:
+            with open(path, errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        if text.startswith(JOB_ENABLED) and text[len(JOB_ENABLED):].strip():
+            name = os.path.basename(path)[: -len(FATAL_SUFFIX)]
+            sys.stderr.write(f"commprof: fatal error in {name} (its faulthandler report):\n"
+                             + text[len(JOB_ENABLED):].lstrip("\n"))
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _merge(out_dir: str, shard_dir: str, config: Config, keep_shards: bool,
+           job_exit: Optional[Dict[str, Any]] = None) -> None:
     from ..assemble import merge
     from .log import warn
 
@@ -360,6 +392,8 @@ def _merge(out_dir: str, shard_dir: str, config: Config, keep_shards: bool) -> N
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if config.labels:
         base["labels"] = dict(config.labels)
+    if job_exit is not None:
+        base["job_exit"] = job_exit
     out_path = os.path.join(out_dir, TRACE_FILE)
     try:
         run = merge(shard_dir, out_path, base)

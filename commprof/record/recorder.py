@@ -98,6 +98,10 @@ class Recorder:
         self.inflight: Dict[tuple, tuple] = {}
         self.last_done: Optional[tuple] = None
         self.n_done = 0
+        # the crash-proof collective ring (trace/ring.py), opened at the first collective
+        self.ring = None
+        self._native_ring = None
+        self._forensics = False
 
     def after_fork_in_child(self) -> None:
         """A forked child starts with a fresh, idle recorder (and becomes a
@@ -107,6 +111,10 @@ class Recorder:
         from .device import orphan_after_fork
 
         orphan_after_fork(self.timer)
+        if self._forensics:
+            from . import forensics
+
+            forensics.after_fork_in_child()
         self._reset()
 
     @property
@@ -180,6 +188,11 @@ class Recorder:
         queued without a further call.)"""
         row = Event(step, "comm", name, source, detail, t0, t1, None, None, nbytes, dtype, group, group_size,
                     seq, blocking)
+        if self.ring is not None:
+            try:
+                self.ring.done(group, seq, t1)
+            except Exception as exc:
+                self._ring_failed(exc)
         if self.track:
             self.inflight.pop((group, seq), None)
             self.last_done = (group, seq, name, nbytes, t1)
@@ -257,9 +270,67 @@ class Recorder:
         """A collective was issued at ``t0`` (the backward split point)."""
         self.last_comm_issue = t0
 
-    def comm_started(self, group: str, seq: int, name: str, nbytes, t0: int) -> None:
-        """A collective is in flight (kept only for --hang-timeout)."""
-        self.inflight[(group, seq)] = (name, nbytes, t0)
+    def comm_started(self, group: str, seq: int, name: str, nbytes, t0: int, dtype: Optional[str] = None,
+                     source: str = "", step: int = 0, group_size: int = 0) -> None:
+        """A collective is about to enter the backend: into the ring (before
+        the call, so that it survives the process's death inside it) and,
+        for --hang-timeout, the in-flight table."""
+        ring = self.ring
+        if ring is None and not self._forensics:
+            ring = self.start_forensics()
+        if ring is not None:
+            try:
+                ring.issue(group, seq, name, nbytes, dtype, source, step, t0, group_size)
+            except Exception as exc:
+                self._ring_failed(exc)
+        if self.track:
+            self.inflight[(group, seq)] = (name, nbytes, t0)
+
+    def start_forensics(self):
+        """Once per rank: the collective ring, the fatal-signal report
+        (faulthandler to a file, unless the job enabled it itself) and the
+        uncaught-exception note, all in the shard folder; returns the ring
+        (None where it cannot be made: the recording goes on without)."""
+        if self._forensics or _in_dataloader_worker():
+            return self.ring
+        self._forensics = True
+        if os.environ.get("COMMPROF_RING") == "0":  # the paired overhead benchmark's off switch
+            return None
+        try:
+            from ..trace import ring as _ring
+            from . import forensics
+
+            os.makedirs(self.shard_dir, exist_ok=True)
+            forensics.install(self.shard_dir, self.host, self.pid)
+            self.ring = _ring.RingWriter(_ring.ring_path(self.shard_dir, self.host, self.pid, "py"), pid=self.pid)
+        except Exception as exc:
+            warn(f"the collective ring is off in pid {self.pid}: {exc!r}")
+            self.ring = None
+        return self.ring
+
+    def native_ring(self, module) -> bool:
+        """The native hooks' own ring (one per process, set once in the
+        extension); False where there is none."""
+        if self._native_ring is None:
+            self._native_ring = False
+            self.start_forensics()
+            if self.ring is not None:
+                try:
+                    import ctypes
+
+                    from ..trace import ring as _ring
+
+                    mm = _ring.create(_ring.ring_path(self.shard_dir, self.host, self.pid, "native"),
+                                      pid=self.pid)
+                    module.set_ring(ctypes.addressof(ctypes.c_char.from_buffer(mm)), _ring.DEFAULT_SLOTS)
+                    self._native_ring = mm  # mapped for the process's life: the extension writes into it
+                except Exception as exc:
+                    warn(f"no collective ring for the native hooks in pid {self.pid}: {exc!r}")
+        return self._native_ring is not False
+
+    def _ring_failed(self, exc: Exception) -> None:
+        warn(f"the collective ring failed in pid {self.pid} and is off: {exc!r}")
+        self.ring = None
 
     def progress(self) -> Dict[str, Any]:
         """What the hang watchdog reads: where this rank is (monotonic ns)."""
@@ -338,6 +409,7 @@ class Recorder:
             return False
         self._refresh_rank()
         self.state = "active"
+        self.start_forensics()
         self._check_timer()
         if self.kernels.window is not None and self.clock.step == 0:
             self.kernels.at_step(0, self.run_info, self.shard_dir, self.host, self.pid)

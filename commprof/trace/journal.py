@@ -290,6 +290,12 @@ def journal_to_shard(path: str) -> Optional[str]:
 PROGRESS_SUFFIX = ".progress.json"
 #: per-process Python stacks, dumped by faulthandler when a hang is detected
 STACKS_SUFFIX = ".stacks.txt"
+#: per-process fatal-signal report (faulthandler: the signal and every thread's stack)
+FATAL_SUFFIX = ".fatal.txt"
+#: per-process uncaught exception (type, message, where), JSON
+END_SUFFIX = ".end.json"
+#: per-process collective rings (``trace/ring.py``)
+RING_SUFFIX = ".ring"
 
 # Side files other tools write into a shard folder (read by commprof.assemble).
 #: rank 0's Horovod timeline (``commprof record --horovod-timeline``)
@@ -306,4 +312,7 @@ def side_files(shard_dir: str) -> List[str]:
     return sorted(glob.glob(os.path.join(shard_dir, "kineto.*.json.gz"))
                   + glob.glob(os.path.join(shard_dir, HOROVOD_TIMELINE_FILE))
                   + glob.glob(os.path.join(shard_dir, "*" + PROGRESS_SUFFIX))
-                  + glob.glob(os.path.join(shard_dir, "*" + STACKS_SUFFIX)))
+                  + glob.glob(os.path.join(shard_dir, "*" + STACKS_SUFFIX))
+                  + glob.glob(os.path.join(shard_dir, "*" + FATAL_SUFFIX))
+                  + glob.glob(os.path.join(shard_dir, "*" + END_SUFFIX))
+                  + glob.glob(os.path.join(shard_dir, "*" + RING_SUFFIX)))

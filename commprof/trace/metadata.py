@@ -65,6 +65,15 @@ def run_metadata(ranks: List[Dict[str, Any]], base: Optional[Dict[str, Any]] = N
     run["ranks_recorded"] = len(ranks)
     run["hosts"] = sorted({r.get("host") for r in ranks if r.get("host")})
     run["salvaged_ranks"] = sorted(r.get("rank") for r in ranks if r.get("status") == "salvaged")
+    ended = [dict(r["end"], rank=r.get("rank"), host=r.get("host"), pid=r.get("pid"), steps=r.get("steps"))
+             for r in ranks if r.get("end")]
+    if ended:  # how every rank ended (trace/ends.py), by rank
+        exit_code = (run.get("job_exit") or {}).get("code")
+        failed = any(e.get("how") != "exit" for e in ended) or exit_code not in (None, 0)
+        for e in ended:
+            if not failed:  # the rings' last collectives matter only where a job failed
+                e.pop("last", None)
+        run["ends"] = sorted(ended, key=lambda e: (e["rank"] is None, e["rank"] or 0))
     for key in RUN_KEYS:
         values = [r.get(key) for r in ranks if r.get(key) is not None]
         if values:

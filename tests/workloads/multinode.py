@@ -11,6 +11,7 @@ known ways:
                             (with --sync-like-grads the ranks run on shifted by one
                             collective; with --linger-s the others then hang)
 --mismatch-rank R --mismatch-at S   rank R reduces float64 (same bytes) at step S
+--crash-rank R --crash-at S [--crash segfault|exit]   rank R segfaults (or exits 0) at step S
 Each rank writes rank<N>.json (own issue times of the blocking all_reduce on
 the wall clock, which time namespaces leave alone: the truth the clock tests
 compare with), its rank and host into --result-dir.
@@ -47,6 +48,10 @@ def main():
     p.add_argument("--linger-s", type=float, default=0.0,
                    help="the skipping rank then stays alive this long before its last collective (as a rank "
                         "busy with something else would): the others hang waiting for it")
+    p.add_argument("--crash-rank", type=int, default=-1, help="this rank ends at step --crash-at by --crash")
+    p.add_argument("--crash-at", type=int, default=-1)
+    p.add_argument("--crash", choices=("segfault", "exit"), default="segfault",
+                   help="segfault: read address 0 (SIGSEGV); exit: sys.exit(0) early (its peers wait for it)")
     p.add_argument("--mismatch-rank", type=int, default=-1)
     p.add_argument("--mismatch-at", type=int, default=-1)
     p.add_argument("--result-dir", default=None)
@@ -77,6 +82,12 @@ def main():
         opt.step()
         if rank == a.late_rank and a.late_ms:
             time.sleep(a.late_ms / 1e3)
+        if rank == a.crash_rank and step == a.crash_at:
+            if a.crash == "segfault":
+                import ctypes
+
+                ctypes.string_at(0)
+            sys.exit(0)
         if rank == a.skip_rank and step == a.skip_at:
             continue
         if rank == a.mismatch_rank and step == a.mismatch_at:

@@ -119,8 +119,7 @@ class CollectivesInstrument(Instrument):
                 dev = rec.dev_begin()
                 if is_async:
                     rec.comm_issued(t0)
-                if rec.track:
-                    rec.comm_started(gname, seq, op, nbytes, t0)
+                rec.comm_started(gname, seq, op, nbytes, t0, dtype, source, step, gsize)
             except Exception as exc:
                 inst.fail(exc)
                 return original(*args, **kwargs)

@@ -234,8 +234,7 @@ class DDPInstrument(Instrument):
                 seq = rec.next_seq(gname)
                 step = rec.step
                 rec.comm_issued(t0)
-                if rec.track:
-                    rec.comm_started(gname, seq, "all_reduce", nbytes, t0)
+                rec.comm_started(gname, seq, "all_reduce", nbytes, t0, dtype, "ddp_reducer", step, gsize)
                 rid = rec.nvtx.start("all_reduce")
                 dev = rec.dev_begin()
             except Exception as exc:
@@ -330,8 +329,8 @@ class _GroupHooks:
                                          else "local_used_map")
                 seq = rec.next_seq(gname)
                 rec.last_comm_issue = t0  # the backward's split point (Recorder.comm_issued)
-                if rec.track:
-                    rec.comm_started(gname, seq, "all_reduce", nbytes, t0)
+                rec.comm_started(gname, seq, "all_reduce", nbytes, t0, kind[0], "ddp_reducer", rec.clock.step,
+                                 gsize)
                 timer = rec.timer
                 hooks.pending[args.op_id] = (t0, nbytes, kind, seq, rec.clock.step,
                                              nvtx.start("all_reduce") if nvtx.enabled else None,
@@ -409,6 +408,8 @@ class _NativeGroupHooks:
         self._held = []  # rows of a backward that has not ended yet
         # the group's counter continues where Python left it
         self.native = mod.GroupHooks(pg, HOOK_ID, rec.next_seq(self.gname))
+        if hasattr(self.native, "set_ring_info") and rec.native_ring(mod):
+            self.native.set_ring_info(self.gname, int(self.gsize), {code: kind[0] for code, kind in kinds.items()})
         rec.adopt_native(self.gname, self, mod)
         if id(pg) in inst._python_hooked:
             self.native.set_enabled(False)

@@ -99,6 +99,7 @@ class HorovodInstrument(Instrument):
                 if name is None:
                     name = next((a for a in args if isinstance(a, str)), None)
                 info = (op, t0, nbytes, dtype, name, group, size, rec.next_seq(group), rec.step)
+                rec.comm_started(group, info[7], op, nbytes, t0, dtype, "horovod", info[8], size or 0)
             except Exception as exc:
                 inst.fail(exc)
                 return original(tensor, *args, **kwargs)
