@@ -25,7 +25,7 @@ def how(e: Dict[str, Any]) -> str:
     h = e.get("how")
     if h == "signal":
         verb = {"SIGABRT": "aborted", "SIGSEGV": "crashed", "SIGBUS": "crashed", "SIGFPE": "crashed",
-                "SIGILL": "crashed"}.get(str(e.get("signal")), "died")
+                "SIGILL": "crashed", "SIGTERM": "terminated"}.get(str(e.get("signal")), "died")
         return f"{verb} ({e.get('signal')})"
     if h == "exception":
         return f"raised {e.get('type')}"

@@ -126,8 +126,12 @@ def analyze_run(chunks: Iterable, meta: dict, rank_metas: List[dict], path: str,
 
 def _check_steps(analysis) -> None:
     if analysis.steps.empty:
+        from . import failure
+
+        why = failure.findings(analysis.meta)
         raise TraceFormatError(f"{analysis.meta.get('path')}: the trace has no complete training step "
-                               "(no optimizer step was recorded)")
+                               "(no optimizer step was recorded)"
+                               + (f"; {why[0]['finding']}" if why else ""))
 
 
 FAILURE_COLUMNS = [

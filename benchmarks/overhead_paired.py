@@ -17,6 +17,8 @@ on the *same* objects:
   DDP created earlier is attached when the instruments are installed);
 - ``record:python``: the same with DDP's buckets timed by the Python
   process-group hooks;
+- ``record:noring``: ``record`` without the collective ring (Python and
+  native: ``trace/ring.py``): ``record`` minus it is the ring's cost;
 - ``only:NAME``: one instrument alone (the split by instrument);
   ``pg:noop`` / ``pg:callback``: torch's process-group hook machinery with
   do-nothing Python hooks (and a done-callback), no commprof;
@@ -149,6 +151,12 @@ def _rank_main(rank, args, tmp, out):
                 sess.instruments["ddp"]._ensure_default_hook(ddp)  # the DDP made before this install
             sess.recorder.config = full
             state["on"] = want
+        rec = sess.recorder
+        if arm == "record:noring" and "ring" not in state:
+            state["ring"] = rec.ring
+            rec.ring = None
+            if rec.native is not None and getattr(rec, "native_ring_addr", None):
+                rec.native.set_ring(0, 0)
         if arm.startswith("pg:"):  # torch's process-group hook machinery alone, no commprof
             pg, kind = ddp.process_group, arm[3:]
             pg.register_pre_hook(77, lambda a: None)
@@ -163,6 +171,13 @@ def _rank_main(rank, args, tmp, out):
             state["prof"].__enter__()
 
     def leave(arm):
+        if "ring" in state:
+            rec = sess.recorder
+            rec.ring = state.pop("ring")
+            if rec.native is not None and getattr(rec, "native_ring_addr", None):
+                from commprof.trace.ring import DEFAULT_SLOTS
+
+                rec.native.set_ring(rec.native_ring_addr, DEFAULT_SLOTS)
         if state.get("pg") is not None:
             state["pg"].unregister_pre_hook(77)
             state["pg"].unregister_post_hook(77)

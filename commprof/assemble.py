@@ -53,10 +53,10 @@ LAST_KEPT = 32
 
 
 def _ring_rows(folder: str, table: pa.Table, meta: Dict[str, Any]) -> List[tuple]:
-    """The rank's ring records its journal lacks (the last flush did not
-    come): completed ones as collectives, those in flight as collectives
-    marked IN_FLIGHT (also listed in ``meta["end"]["in_flight"]``). How the
-    rank ended goes to ``meta["end"]``."""
+    """The ring records a killed rank's journal lacks (the last flush did
+    not come): completed ones as collectives, those in flight as
+    collectives marked IN_FLIGHT. How the rank ended, the collectives it
+    was inside (any rank) and its ring's last ones go to ``meta["end"]``."""
     meta["end"] = end = ends.end_of(folder, meta)
     recs = ring.read_process(folder, str(meta.get("host")), int(meta.get("pid") or 0))
     if not recs:
@@ -67,16 +67,22 @@ def _ring_rows(folder: str, table: pa.Table, meta: Dict[str, Any]) -> List[tuple
     have = set(zip(comm.column("group").to_pylist(), comm.column("seq").to_pylist()))
     rows: List[tuple] = []
     inflight = []
+    # a rank that closed its journal flushed all it wanted there (rows it left
+    # out, as before it became a rank, stay out); its ring still says what it
+    # was inside when it ended
+    closed = meta.get("status") == "complete"
     for r in recs:
         if (r["group"], r["seq"]) in have:
             continue
         done = r["t_done"] is not None
+        if not done:
+            inflight.append({k: r[k] for k in ("group", "seq", "op", "bytes", "dtype", "source", "step")})
+        if closed:
+            continue
         t1 = r["t_done"] if done else r["t_issue"]
         rows.append(schema.Event(r["step"], "comm", r["op"], r["source"], None if done else IN_FLIGHT,
                                  r["t_issue"], t1, None, None, r["bytes"], r["dtype"], r["group"],
                                  r["group_size"] or None, r["seq"], r["source"] != "ddp_reducer"))
-        if not done:
-            inflight.append({k: r[k] for k in ("group", "seq", "op", "bytes", "dtype", "source", "step")})
     end["in_flight"] = inflight
     end["recovered"] = len(rows) - len(inflight)
     end["step"] = (inflight[-1] if inflight else recs[-1])["step"]  # the metadata's may be a flush old

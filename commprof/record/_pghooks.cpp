@@ -14,9 +14,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +58,40 @@ template <size_t N>
 void copy_text(char (&dst)[N], const std::string& s) {
   std::memset(dst, 0, N);
   std::memcpy(dst, s.data(), s.size() < N ? s.size() : N);
+}
+
+// -- a C++ exception that ends the process (a backend thread throwing): its
+// message into the fatal report (record/forensics.py) before the abort
+int terminate_fd = -1;
+std::terminate_handler previous_terminate = nullptr;
+
+void on_terminate() {
+  if (terminate_fd >= 0) {
+    std::string msg = "commprof terminate: ";  // trace/ends.py TERMINATE_PREFIX
+    if (auto ep = std::current_exception()) {
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        msg += e.what();
+      } catch (...) {
+        msg += "an exception that is not a std::exception";
+      }
+    } else {
+      msg += "std::terminate without an exception";
+    }
+    for (auto& c : msg) {
+      if (c == '\n') {
+        c = ' ';
+      }
+    }
+    msg += "\n";
+    ssize_t n = write(terminate_fd, msg.data(), msg.size());
+    (void)n;
+  }
+  if (previous_terminate != nullptr) {
+    previous_terminate();
+  }
+  std::abort();
 }
 
 struct Row {
@@ -248,12 +284,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_enabled", &GroupHooks::set_enabled)
       .def("set_ring_info", &GroupHooks::set_ring_info);
   // the ring's mapping (kept alive by the caller for the process's life;
-  // a forked child that records sets its own)
+  // a forked child that records sets its own; 0: no ring from now on)
   m.def("set_ring", [](uintptr_t addr, int64_t slots) {
+    ring_base.store(nullptr);
     if (addr != 0 && slots > 0) {
-      ring_base.store(nullptr);
       ring_slots = slots;
       ring_base.store(reinterpret_cast<char*>(addr), std::memory_order_release);
+    }
+  });
+  m.def("set_terminate_fd", [](int fd) {
+    terminate_fd = fd;
+    if (previous_terminate == nullptr) {
+      previous_terminate = std::set_terminate(on_terminate);
     }
   });
   m.def("set_step", [](int64_t step) { current_step.store(step, std::memory_order_relaxed); });

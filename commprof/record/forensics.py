@@ -10,6 +10,10 @@
   (faulthandler writes to one file only).
 - An uncaught exception: its type, message and innermost frame go to
   ``<host>.<pid>.end.json`` before Python's own hook prints it.
+- A C++ exception that ends the process (a backend's worker thread
+  throwing, as gloo does on a size mismatch): where the native hooks are
+  loaded, their ``std::terminate`` handler writes its message into the
+  same file first (``commprof terminate: ...``).
 - SIGKILL (or a power cut) runs no handler: the assembler infers it from a
   journal its rank never closed, with neither file.
 
@@ -24,7 +28,7 @@ import traceback
 from ..trace.files import atomic_write
 from ..trace.journal import END_SUFFIX, FATAL_SUFFIX
 
-_state = {"fatal": None, "hooked": False}
+_state: dict = {"fatal": None, "hooked": False, "end_path": None}
 #: first line of a fatal report whose job had enabled faulthandler itself
 JOB_ENABLED = "# the job enabled faulthandler: commprof record copies this report to its stderr"
 
@@ -41,7 +45,7 @@ def install(shard_dir: str, host: str, pid: int) -> None:
         _state["fatal"] = fh  # kept open for the process's life
     if not _state["hooked"]:
         _state["hooked"] = True
-        path = os.path.join(shard_dir, f"{host}.{pid}{END_SUFFIX}")
+        path = _state["end_path"] = os.path.join(shard_dir, f"{host}.{pid}{END_SUFFIX}")
         previous = sys.excepthook
 
         def hook(etype, value, tb):
@@ -69,6 +73,27 @@ def note(path: str, etype, value, tb) -> None:
 
 def _where(f) -> str:
     return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" if f is not None else ""
+
+
+def note_sigterm(frame) -> None:
+    """SIGTERM (commprof's handler finalises the journal, then the process
+    dies of it): the signal and the frame it arrived in."""
+    import time
+
+    path = _state.get("end_path")
+    if not path:
+        return
+    frames = traceback.extract_stack(frame) if frame is not None else []
+    inner = frames[-1] if frames else None
+    user = next((f for f in reversed(frames) if "site-packages" not in f.filename
+                 and f"{os.sep}commprof{os.sep}" not in f.filename), inner)
+    atomic_write(path, json.dumps({"how": "signal", "signal": "SIGTERM", "fault": "Terminated",
+                                   "wall_ns": time.time_ns(), "where": _where(inner), "user_where": _where(user)}))
+
+
+def fatal_fd():
+    """The fatal report's file descriptor (None where faulthandler is not ours)."""
+    return _state["fatal"].fileno() if _state["fatal"] is not None else None
 
 
 def after_fork_in_child() -> None:

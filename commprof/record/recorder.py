@@ -322,8 +322,14 @@ class Recorder:
 
                     mm = _ring.create(_ring.ring_path(self.shard_dir, self.host, self.pid, "native"),
                                       pid=self.pid)
-                    module.set_ring(ctypes.addressof(ctypes.c_char.from_buffer(mm)), _ring.DEFAULT_SLOTS)
-                    self._native_ring = mm  # mapped for the process's life: the extension writes into it
+                    self.native_ring_addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+                    module.set_ring(self.native_ring_addr, _ring.DEFAULT_SLOTS)
+                    self._native_ring = mm
+                    from . import forensics
+
+                    fd = forensics.fatal_fd()
+                    if fd is not None and hasattr(module, "set_terminate_fd"):
+                        module.set_terminate_fd(fd)  # a C++ exception's message before the abort  # mapped for the process's life: the extension writes into it
                 except Exception as exc:
                     warn(f"no collective ring for the native hooks in pid {self.pid}: {exc!r}")
         return self._native_ring is not False

@@ -97,6 +97,13 @@ class Session:
     def _on_sigterm(self, signum, frame):
         # Finalise, then die of SIGTERM exactly as without commprof.
         try:
+            if self.recorder._forensics:
+                from . import forensics
+
+                forensics.note_sigterm(frame)
+        except Exception:
+            pass
+        try:
             self.recorder.close()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

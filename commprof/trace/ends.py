@@ -23,6 +23,8 @@ FATAL_NAMES = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error
                "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
                "Illegal instruction": "SIGILL"}
 
+#: a line the native hooks' std::terminate handler writes before the abort (record/_pghooks.cpp)
+TERMINATE_PREFIX = "commprof terminate: "
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 
 
@@ -44,6 +46,8 @@ def parse_fatal(text: str) -> Optional[Dict[str, Any]]:
             if f:
                 threads[-1]["frames"].append(f"{os.path.basename(f['file'])}:{f['line']} in {f['func']}"
                                              + ("" if _own(f["file"]) else " [lib]"))
+    # the C++ exception that ended the process, where the native hooks' terminate handler saw it
+    error = [line[len(TERMINATE_PREFIX):].strip() for line in text.splitlines() if line.startswith(TERMINATE_PREFIX)]
     current = next((t for t in threads if t["current"]), None)
     with_frames = [t for t in threads if t["frames"]]
     hit = current if current and current["frames"] else (with_frames[-1] if with_frames else None)
@@ -53,6 +57,7 @@ def parse_fatal(text: str) -> Optional[Dict[str, Any]]:
             "where": frames[0].replace(" [lib]", "") if frames else "",
             "user_where": user.replace(" [lib]", ""),
             "in_backend_thread": bool(current is not None and not current["frames"]),
+            **({"message": error[0][:2000]} if error else {}),
             "threads": [t["frames"][:12] for t in threads][:16]}
 
 
