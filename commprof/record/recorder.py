@@ -324,12 +324,12 @@ class Recorder:
                                       pid=self.pid)
                     self.native_ring_addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
                     module.set_ring(self.native_ring_addr, _ring.DEFAULT_SLOTS)
-                    self._native_ring = mm
+                    self._native_ring = mm  # mapped for the process's life: the extension writes into it
                     from . import forensics
 
                     fd = forensics.fatal_fd()
                     if fd is not None and hasattr(module, "set_terminate_fd"):
-                        module.set_terminate_fd(fd)  # a C++ exception's message before the abort  # mapped for the process's life: the extension writes into it
+                        module.set_terminate_fd(fd)  # a C++ exception's message before the abort
                 except Exception as exc:
                     warn(f"no collective ring for the native hooks in pid {self.pid}: {exc!r}")
         return self._native_ring is not False
