@@ -13,6 +13,7 @@
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <execinfo.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,8 +85,13 @@ void on_terminate() {
         c = ' ';
       }
     }
-    msg += "\n";
+    msg += "\ncommprof native stack:\n";  // the C-level stack of the thread that terminates
     ssize_t n = write(terminate_fd, msg.data(), msg.size());
+    void* frames[48];
+    int depth = backtrace(frames, 48);
+    backtrace_symbols_fd(frames, depth, terminate_fd);
+    const char end[] = "commprof native stack end\n";
+    n = write(terminate_fd, end, sizeof(end) - 1);
     (void)n;
   }
   if (previous_terminate != nullptr) {

@@ -4,7 +4,10 @@ Horovod's stall check).
 
 Ranks (with ``Config.progress``) rewrite a small progress file at every
 journal flush: step, collectives completed, the last one completed and the
-ones in flight (group, seq, op, bytes, since when). The watchdog thread in
+ones in flight (group, seq, op, bytes, since when); the in-flight ones and
+the last completion are then read from the ranks' collective rings
+(``trace/ring.py``: written at every issue and completion, readable when a
+rank cannot answer). The watchdog thread in
 ``commprof record`` reads them; when no rank's (step, completed count) has
 changed for S seconds, it asks its ranks for their Python stacks
 (faulthandler on ``STACK_SIGNAL``: a C-level handler, so it answers even
@@ -56,6 +59,30 @@ def read_progress(shard_dir: str) -> Dict[str, dict]:
     return out
 
 
+def with_rings(progress: Dict[str, dict], shard_dir: str) -> Dict[str, dict]:
+    """The ranks' in-flight collectives and last completion from their
+    collective rings (trace/ring.py), which are written at every issue and
+    completion: newer than a progress file (written at a flush), and
+    readable whether or not the rank can still answer."""
+    from ..trace import ring
+
+    out = {}
+    for key, p in progress.items():
+        recs = ring.read_process(shard_dir, str(p.get("host")), int(p.get("pid") or 0))
+        if not recs:
+            out[key] = p
+            continue
+        done = [r for r in recs if r["t_done"] is not None]
+        last = max(done, key=lambda r: r["t_done"]) if done else None
+        out[key] = dict(p, ring=True,
+                        inflight=[{"group": r["group"], "seq": r["seq"], "op": r["op"], "bytes": r["bytes"],
+                                   "since_ns": r["t_issue"]} for r in recs if r["t_done"] is None],
+                        last=p.get("last") if last is None else {"group": last["group"], "seq": last["seq"],
+                                                                 "op": last["op"], "bytes": last["bytes"],
+                                                                 "at_ns": last["t_done"]})
+    return out
+
+
 def diagnose(progress: Dict[str, dict]) -> dict:
     """Where every rank is and who waits for whom, from the progress files."""
     now_wall = time.time_ns()
@@ -69,7 +96,8 @@ def diagnose(progress: Dict[str, dict]) -> dict:
         if last:
             last = {**last, "ago_s": round((int(p["mono_ns"]) - int(last["at_ns"])) / 1e9 + age, 3)}
         ranks.append({"rank": p.get("rank"), "host": p.get("host"), "pid": p.get("pid"), "step": p.get("step"),
-                      "completed": p.get("done"), "last_completed": last, "in_flight": infl, "key": key})
+                      "completed": p.get("done"), "last_completed": last, "in_flight": infl, "key": key,
+                      "in_flight_from": "ring" if p.get("ring") else "progress file"})
     world = max([int(p.get("world_size") or 0) for p in progress.values()] + [len(ranks)])
     findings: List[str] = []
     waiting_for: List[int] = []
@@ -209,7 +237,7 @@ class Watchdog:
             if len(stacks) >= len(pids) and stable >= 2:
                 break
             time.sleep(0.1)
-        report = diagnose(read_progress(self.shard_dir) or prog)
+        report = diagnose(with_rings(read_progress(self.shard_dir) or prog, self.shard_dir))
         report["timeout_s"] = self.timeout
         report["detected_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         report["stacks"] = stacks

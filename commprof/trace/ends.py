@@ -25,6 +25,7 @@ FATAL_NAMES = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error
 
 #: a line the native hooks' std::terminate handler writes before the abort (record/_pghooks.cpp)
 TERMINATE_PREFIX = "commprof terminate: "
+NATIVE_BEGIN, NATIVE_END = "commprof native stack:", "commprof native stack end"
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 
 
@@ -46,8 +47,16 @@ def parse_fatal(text: str) -> Optional[Dict[str, Any]]:
             if f:
                 threads[-1]["frames"].append(f"{os.path.basename(f['file'])}:{f['line']} in {f['func']}"
                                              + ("" if _own(f["file"]) else " [lib]"))
-    # the C++ exception that ended the process, where the native hooks' terminate handler saw it
-    error = [line[len(TERMINATE_PREFIX):].strip() for line in text.splitlines() if line.startswith(TERMINATE_PREFIX)]
+    # the C++ exception that ended the process, where the native hooks' terminate handler saw it,
+    # and the C-level stack of the thread it ended in
+    lines = text.splitlines()
+    error = [line[len(TERMINATE_PREFIX):].strip() for line in lines if line.startswith(TERMINATE_PREFIX)]
+    native: List[str] = []
+    if NATIVE_BEGIN in lines:
+        i = lines.index(NATIVE_BEGIN) + 1
+        while i < len(lines) and lines[i] != NATIVE_END and len(native) < 48:
+            native.append(lines[i].strip())
+            i += 1
     current = next((t for t in threads if t["current"]), None)
     with_frames = [t for t in threads if t["frames"]]
     hit = current if current and current["frames"] else (with_frames[-1] if with_frames else None)
@@ -58,6 +67,7 @@ def parse_fatal(text: str) -> Optional[Dict[str, Any]]:
             "user_where": user.replace(" [lib]", ""),
             "in_backend_thread": bool(current is not None and not current["frames"]),
             **({"message": error[0][:2000]} if error else {}),
+            **({"native_stack": native} if native else {}),
             "threads": [t["frames"][:12] for t in threads][:16]}
 
 

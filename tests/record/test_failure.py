@@ -46,6 +46,10 @@ def test_a_size_mismatch_that_aborts_a_rank_is_named_with_both_sides(tmp_path, a
     first = ends.iloc[0]
     assert (first["rank"], first["ended"]) == (0, "aborted (SIGABRT)"), ends.to_string()
     assert first["where"].startswith("multinode.py:") and "all_reduce 4,096 B" in first["in_flight"]
+    # gloo's exception, and the C-level stack of the thread it ended in (the native hooks' terminate handler)
+    assert "Received data size doesn't match expected size" in first["detail"] or "Received data" in first["detail"]
+    end0 = next(e for e in assemble.open_run(out)[0]["ends"] if e["rank"] == 0)
+    assert any("gloo" in f.lower() for f in end0.get("native_stack", [])), end0.get("native_stack")
     # rank 1: gloo's connection reset, or torchrun's SIGTERM, whichever comes first
     assert ends.iloc[1]["rank"] == 1 and ends.iloc[1]["ended"] in ("raised RuntimeError", "terminated (SIGTERM)")
     assert len(fail) == 1, fail.to_string()

@@ -32,6 +32,7 @@ def test_skipped_collective_is_diagnosed_live_and_after_the_fact(tmp_path):
     assert hang["waiting_for"] == [1]
     by_rank = {r["rank"]: r for r in hang["ranks"]}
     assert len(by_rank[0]["in_flight"]) == 1 and by_rank[0]["in_flight"][0]["op"] == "all_reduce"
+    assert by_rank[0]["in_flight_from"] == by_rank[1]["in_flight_from"] == "ring"
     assert by_rank[0]["in_flight"][0]["for_s"] >= 3
     assert by_rank[1]["in_flight"] == []
     text = open(os.path.join(out, "hang.txt")).read()

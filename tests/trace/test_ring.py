@@ -73,6 +73,11 @@ def test_faulthandler_report_parsed():
     e = ends.parse_fatal(aborted)
     assert e["signal"] == "SIGABRT" and e["in_backend_thread"] and e["user_where"] == "train.py:88 in main"
     assert ends.parse_fatal("not a report") is None
+    cxx = ("commprof terminate: [enforce fail at pair.cc:464] Received data size doesn't match\n"
+           "commprof native stack:\n/x/libgloo.so(_ZN4gloo+0x10)[0x7f00]\n/lib/libc.so.6(+0x9)[0x7f01]\n"
+           "commprof native stack end\n") + aborted
+    e = ends.parse_fatal(cxx)
+    assert e["message"].endswith("Received data size doesn't match") and len(e["native_stack"]) == 2
 
 
 def test_end_of_a_rank_without_files(tmp_path):
