@@ -107,6 +107,9 @@ PRIORS = {"nccl": {"base": BASE_LAT["ring"]["Simple"] * US, "intra_lat": HW_LAT[
 #: latency over TCP depends on the host (tens of microseconds to milliseconds on an oversubscribed one)
 PRIOR_WIDTH = {"nccl": 1.0, "gloo": 10.0}
 
+#: Huber's tuning constant (95 % efficiency on normal residuals), in units of the residuals' robust spread
+HUBER_K = 1.345
+
 FORMS = {"nccl": ("nccl", "ring", "hockney"), "gloo": ("ring", "hockney")}
 DEFAULT_FORM = {"nccl": "nccl", "gloo": "ring"}
 
@@ -400,6 +403,8 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
     best = None
     s = 0.05
     theta = values.copy()
+    w = np.ones(n_obs)          # robust weights (Huber, on relative residuals)
+    huber = None
     for _ in range(iterations):
         with np.errstate(invalid="ignore"):
             tt = d @ theta
@@ -407,13 +412,19 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
         row = d[np.arange(len(k)), k]
         a = np.zeros((n_obs, 5))
         np.add.at(a, obs, row)
-        theta_new, cov, s_new = _solve(a, t, theta, free, scale, prior, s, PRIOR_WIDTH[backend])
-        obj = _objective(d, obs, t, theta_new, free, scale, prior, s_new, PRIOR_WIDTH[backend])
+        theta_new, cov, s_new = _solve(a, t, theta, free, scale, prior, s, PRIOR_WIDTH[backend], w)
+        r = np.abs((a @ theta_new - t) / t)
+        if huber is None:
+            # Huber's threshold from the first solve's residuals (a median absolute deviation: a minority of
+            # observations far off cannot set it)
+            huber = HUBER_K * max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 0.01)
+        obj = _objective(d, obs, t, theta_new, free, scale, prior, s_new, PRIOR_WIDTH[backend], huber)
         if best is None or obj < best[0] - 1e-12:
             best = (obj, theta_new, cov, s_new)
-        if np.allclose(theta_new, theta, rtol=1e-6, atol=0) and abs(s_new - s) < 1e-4:
+        w_new = np.minimum(1.0, huber / np.maximum(r, 1e-12))
+        if np.allclose(theta_new, theta, rtol=1e-6, atol=0) and abs(s_new - s) < 1e-4 and np.allclose(w_new, w):
             break
-        theta, s = theta_new, s_new
+        theta, s, w = theta_new, s_new, w_new
     assert best is not None
     _, theta, cov, s = best
     theta, cov = theta.copy(), cov.copy()
@@ -443,14 +454,17 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
                ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})))
 
 
-def _solve(a, t, theta, free, scale, prior, s, width):
-    """Weighted least squares for the free terms (relative residuals, priors
-    on the latencies), kept >= 0 by fixing negative terms at zero."""
+def _solve(a, t, theta, free, scale, prior, s, width, wt=None):
+    """Weighted least squares for the free terms (relative residuals times
+    the robust weights ``wt``, priors on the latencies), kept >= 0 by fixing
+    negative terms at zero."""
     free = free.copy()
+    wt = np.ones_like(t) if wt is None else wt
+    sw = np.sqrt(wt)
     for _ in range(6):
         idx = np.flatnonzero(free)
-        x = a[:, idx] * scale[idx] / t[:, None]
-        y = (t - a[:, ~free] @ theta[~free]) / t if (~free).any() else np.ones_like(t)
+        x = a[:, idx] * scale[idx] / t[:, None] * sw[:, None]
+        y = ((t - a[:, ~free] @ theta[~free]) / t if (~free).any() else np.ones_like(t)) * sw
         rows, rhs = [x], [y]
         for q, j in enumerate(idx):
             if j < 3:                                   # prior: theta_j ~ N(mu, (mu * width)^2)
@@ -472,8 +486,8 @@ def _solve(a, t, theta, free, scale, prior, s, width):
     out = theta.copy()
     out[idx] = u * scale[idx]
     resid = (a @ out - t) / t
-    dof = max(len(t) - len(idx), 1)
-    s_new = max(float(np.sqrt((resid ** 2).sum() / dof)), 0.01)
+    dof = max(float(wt.sum()) - len(idx), 1.0)
+    s_new = max(float(np.sqrt((wt * resid ** 2).sum() / dof)), 0.01)
     cov = np.zeros((5, 5))
     try:
         inv = np.linalg.inv(m.T @ m)
@@ -484,13 +498,14 @@ def _solve(a, t, theta, free, scale, prior, s, width):
     return out, cov, s_new
 
 
-def _objective(d, obs, t, theta, free, scale, prior, s, width) -> float:
+def _objective(d, obs, t, theta, free, scale, prior, s, width, huber: float = np.inf) -> float:
     with np.errstate(invalid="ignore"):
         tt = d @ theta
     row_t = np.min(np.where(np.isfinite(tt), tt, np.inf), axis=1)
     pred = np.zeros(len(t))
     np.add.at(pred, obs, row_t)
-    obj = float((((pred - t) / t) ** 2).sum())
+    r = np.abs((pred - t) / t)
+    obj = float(np.where(r <= huber, r ** 2, 2 * huber * r - huber ** 2).sum())    # Huber's loss
     for j in range(3):
         if free[j]:
             mu = prior[TERMS[j]]

@@ -431,6 +431,47 @@ def cost_report(model, rows: pd.DataFrame, notes: Sequence[str] = ()) -> Report:
     return Report(title="commprof model", tables=tables, notes=out)
 
 
+PAIR_COLUMNS = [("host_a", "node A", ""), ("host_b", "node B", ""), ("a", "rank A", "d"), ("b", "rank B", "d"),
+                ("scope", "scope", ""), ("bw_GBps", "GB/s each way", ".4g"), ("bw_GBps_p25", "p25", ".4g"),
+                ("bw_GBps_p75", "p75", ".4g"), ("lat_us", "latency us", ".1f"), ("iters", "iters", "d"),
+                ("slow", "slow", "")]
+PAIR_NODE_COLUMNS = [("host", "node", ""), ("pairs", "pairs", "d"), ("slow_pairs", "slow pairs", "d"),
+                     ("bw_GBps_median", "GB/s median", ".4g"), ("bw_GBps_min", "GB/s min", ".4g"),
+                     ("others_GBps_median", "others' GB/s median", ".4g"), ("verdict", "verdict", "")]
+
+
+def pairs_report(doc: dict) -> Report:
+    """``commprof bench --pairs``: the node x node matrix, every pair, per
+    node its links against the others', and the findings."""
+    from .pairs import SLOW, attribute, matrix, pair_table
+
+    samples = pd.DataFrame(doc.get("samples") or [], columns=["round", "a", "b", "host_a", "host_b", "kind",
+                                                              "iteration", "bytes", "seconds"])
+    pairs = pair_table(samples)
+    pairs, nodes, found = attribute(pairs)
+    mat = matrix(pairs)
+    world = int(doc.get("world_size") or 0)
+    finds = pd.DataFrame([{"config": "bench --pairs", "gpus": world, **f} for f in found],
+                         columns=[c for c, _, _ in FINDING_COLUMNS])
+    title = ("Bandwidth between nodes (between ranks where one node was measured; GB/s each way, median over "
+             "iterations)")
+    tables = {"pair_matrix": Table(title, mat,
+                                   [(c, c, ".4g" if c != "host" else "") for c in mat.columns]),
+              "pair_nodes": Table("Per node: its pairs against the pairs between the other nodes", nodes,
+                                  PAIR_NODE_COLUMNS),
+              "pairs": Table("Every pair measured", pairs, PAIR_COLUMNS),
+              "bottlenecks": Table("Slow nodes and links", finds, FINDING_COLUMNS, style="list")}
+    mib = int(doc.get("bytes") or 0) / 2 ** 20
+    notes = [f"{world} ranks on {len(set(map(str, doc.get('hosts') or [])))} nodes, {len(doc.get('rounds') or [])} "
+             f"rounds; each pair exchanged {mib:g} MiB both ways at once, {doc.get('iters')} timed iterations "
+             f"(+ {doc.get('warmup')} warm-up), per iteration the slower side; latency: 8-byte exchanges.",
+             f"A node (a rank, where one node was measured) is slow when more than half of its pairs have an "
+             f"upper quartile below {SLOW:.0%} of the median of the pairs it is not in; a pair is slow when its "
+             f"upper quartile is below {SLOW:.0%} of the median of the pairs between normal nodes, and a slow pair "
+             f"between two normal nodes is a slow link."]
+    return Report(title="commprof bench --pairs", tables=tables, notes=notes)
+
+
 DIFF_COLUMNS = [("what", "what", ""), ("metric", "metric", ""), ("a", "A", ",.3f"), ("b", "B", ",.3f"),
                 ("delta", "B - A", "+,.3f"), ("delta_pct", "change %", "+.1f")]
 

@@ -181,6 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also measure a non-blocking all_reduce overlapped with compute (OSU-style)")
     bn.add_argument("--pipeline", action="store_true",
                     help="also split the largest all_reduces into k = 1..64 async chunks")
+    bn.add_argument("--pairs", action="store_true",
+                    help="instead of the collectives: point-to-point bandwidth and latency between every pair of "
+                         "nodes (a round-robin tournament: no two pairs of a round share a node), then inside "
+                         "each node; names a slow node or link")
+    bn.add_argument("--pairs-bytes", type=_size, default=0, metavar="S",
+                    help="with --pairs: bytes each way per exchange (default 4M on CPU, 256M on GPU)")
+    bn.add_argument("--max-pairs", type=int, default=None, metavar="P",
+                    help="with --pairs: measure at most P node pairs (whole rounds, chosen at random: every "
+                         "node still measured equally often)")
+    bn.add_argument("--format", choices=FORMATS, default="table", help="with --pairs: the report's format")
+    bn.add_argument("--report", metavar="FILE", default=None,
+                    help="with --pairs: also write the report (format by extension: .html has the heat map)")
     bn.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
     bn.add_argument("--model", metavar="FILE", default=None, help="fit and write the alpha-beta model")
     bn.add_argument("-o", "--output", metavar="DIR", default=None,

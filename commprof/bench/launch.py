@@ -131,6 +131,9 @@ def bench(args) -> int:
 
             prepare_out_dir(out_dir)
             wargs += ["--trace-dir", os.path.join(out_dir, "shards")]
+        if getattr(args, "pairs", False):
+            wargs += ["--pairs", "--pairs-bytes", str(args.pairs_bytes or 0)]
+            wargs += ["--max-pairs", str(args.max_pairs)] if args.max_pairs else []
         wargs += ["--overlap"] if args.overlap else []
         wargs += ["--pipeline"] if args.pipeline else []
         cmd = worker_command(launcher, args.nproc, wargs)
@@ -148,6 +151,8 @@ def bench(args) -> int:
         with open(out) as fh:
             doc = json.load(fh)
     doc["source"] = "bench"
+    if doc.get("mode") == "pairs":
+        return _pairs_out(doc, args)
     if out_dir:
         _merge_bench(out_dir, doc, cmd)
     sys.stdout.write(table(doc))
@@ -160,3 +165,19 @@ def bench(args) -> int:
         sys.stdout.write(model_table(model))
     wrong = sum((r.get(m) or {}).get("wrong", 0) for r in doc["rows"] for m in ("out_of_place", "in_place"))
     return 1 if wrong else 0
+
+
+def _pairs_out(doc: Dict[str, Any], args) -> int:
+    """``--pairs``: the report (terminal or ``--format``; ``--report FILE``
+    in the format its extension names) and the JSON."""
+    from .. import render
+    from ..analyzers.report import pairs_report
+
+    report = pairs_report(doc)
+    fmt = getattr(args, "format", None) or "table"
+    sys.stdout.write(render.get(fmt).render(report))
+    if getattr(args, "report", None):
+        atomic_write(args.report, render.get(render.format_for_path(args.report) or "md").render(report))
+    if args.json:
+        atomic_write(args.json, json.dumps(doc, indent=1))
+    return 0

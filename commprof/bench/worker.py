@@ -250,6 +250,10 @@ def main(argv=None) -> int:
                    help="also: blocking vs non-blocking all_reduce overlapped with compute (OSU-style)")
     p.add_argument("--pipeline", action="store_true",
                    help="also: the largest all_reduces split into k = 1, 2, 4 ... 64 async chunks")
+    p.add_argument("--pairs", action="store_true",
+                   help="instead of the collectives: point-to-point exchanges between every pair of nodes")
+    p.add_argument("--pairs-bytes", type=int, default=0, help="bytes each way per exchange (0: 4 MiB CPU, 256 MiB GPU)")
+    p.add_argument("--max-pairs", type=int, default=None, help="node pairs at most (whole rounds kept at random)")
     args = p.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -264,6 +268,8 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     max_bytes = args.max_bytes or ((4 << 30) if device.type == "cuda" else (64 << 20))
+    if args.pairs:
+        return _pairs_main(torch, dist, device, rank, world, backend, args)
     wall0, mono0 = time.time_ns(), time.monotonic_ns()
     results = []
     events = []          # (op, detail, t0 ns, t1 ns, bytes, dtype, seq) of every timed call
@@ -364,9 +370,14 @@ def main(argv=None) -> int:
         with open(tmp, "w") as fh:
             json.dump(doc, fh)
         os.replace(tmp, args.out)
-    # leave safely (torch 2.14 + gloo abort at exit otherwise, see the
-    # docs/known-issues.md): the last collective's tensor must be released
-    # by the worker threads before the group goes
+    _leave(torch, dist, device)
+    return 0
+
+
+def _leave(torch, dist, device) -> None:
+    """Leave safely (torch 2.14 + gloo abort at exit otherwise, see
+    docs/known-issues.md): the last collective's tensor must be released by
+    the worker threads before the group goes."""
     dist.barrier()
     last = torch.zeros(1, device=device)
     dist.all_reduce(last)
@@ -374,6 +385,62 @@ def main(argv=None) -> int:
     while last._use_count() > 1 and time.monotonic() < deadline:
         time.sleep(0.001)
     dist.destroy_process_group()
+
+
+def _pairs_main(torch, dist, device, rank, world, backend, args) -> int:
+    """``--pairs``: the rounds of analyzers/pairs.plan, each pair exchanging
+    S bytes both ways at once (isend + irecv), ``--warmup`` untimed then
+    ``--iters`` timed, then 2 x ``--iters`` exchanges of 8 bytes (latency);
+    a barrier between rounds. Per iteration the slower of the two sides."""
+    from commprof.analyzers.pairs import plan
+
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    rounds = plan([str(h) for h in hosts], args.max_pairs)
+    nbytes = args.pairs_bytes or ((256 << 20) if device.type == "cuda" else (4 << 20))
+    big = torch.ones(max(1, nbytes // 4), device=device)
+    big_in = torch.empty_like(big)
+    small, small_in = torch.ones(2, device=device), torch.empty(2, device=device)
+    mine = []   # (round, a, b, kind, iteration, bytes, seconds)
+
+    def exchange(peer, out, into):
+        for req in (dist.isend(out, peer), dist.irecv(into, peer)):
+            req.wait()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for k, rnd in enumerate(rounds):
+        pair = next(((a, b) for a, b in rnd if rank in (a, b)), None)
+        if pair is not None:
+            peer = pair[1] if rank == pair[0] else pair[0]
+            for kind, out, into, iters in (("bw", big, big_in, args.iters), ("lat", small, small_in, 2 * args.iters)):
+                for _ in range(args.warmup):
+                    exchange(peer, out, into)
+                for i in range(iters):
+                    t0 = time.perf_counter()
+                    exchange(peer, out, into)
+                    mine.append((k, pair[0], pair[1], kind, i, out.numel() * 4, time.perf_counter() - t0))
+        dist.barrier()
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        slowest: Dict[tuple, list] = {}
+        for part in everyone:
+            for k, a, b, kind, i, nb, sec in part or []:
+                key = (k, a, b, kind, i)
+                slowest[key] = [nb, max(sec, slowest.get(key, [0, 0.0])[1])]
+        samples = [{"round": k, "a": a, "b": b, "host_a": hosts[a], "host_b": hosts[b], "kind": kind,
+                    "iteration": i, "bytes": nb, "seconds": sec} for (k, a, b, kind, i), (nb, sec) in
+                   sorted(slowest.items())]
+        doc = {"mode": "pairs", "backend": backend, "world_size": world, "hosts": hosts,
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "warmup": args.warmup, "iters": args.iters, "bytes": big.numel() * 4, "rounds": rounds,
+               "samples": samples}
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, args.out)
+    _leave(torch, dist, device)
     return 0
 
 

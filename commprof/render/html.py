@@ -123,6 +123,17 @@ class HtmlRenderer(Renderer):
     def figures(self, report):
         """[(title, how to read it, plotly figure dict)]."""
         figs = []
+        pm = report.tables.get("pair_matrix")
+        if pm is not None and len(pm.frame):
+            hosts = [str(h) for h in pm.frame["host"]]
+            z = [[None if v != v else float(v) for v in pm.frame[h]] for h in hosts]
+            figs.append(("Bandwidth between nodes",
+                         "Each cell is one node pair's median bandwidth each way (GB/s); a slow node is a dark "
+                         "row and column, a slow link one dark cell pair.",
+                         {"data": [{"type": "heatmap", "x": hosts, "y": hosts, "z": z, "colorscale": "Viridis",
+                                    "colorbar": {"title": {"text": "GB/s"}}, "hoverongaps": False}],
+                          "layout": {"xaxis": {"title": {"text": "node"}}, "yaxis": {"title": {"text": "node"},
+                                                                                        "autorange": "reversed"}}}))
         bd = report.tables.get("breakdown")
         if bd is not None and len(bd.frame):
             figs += self._breakdown_figures(bd.frame)

@@ -103,6 +103,26 @@ class Node:
                     "burst", str(burst), "latency", "200ms", ns=ns)
 
 
+    def shape_egress(self, rate_mbit: Optional[float], slow_to: Sequence[str] = (),
+                     slow_mbit: Optional[float] = None) -> None:
+        """Shape what this node sends: to the addresses ``slow_to`` at
+        ``slow_mbit``, everything else at ``rate_mbit`` (None: unshaped): an
+        htb qdisc with two classes, the slow one chosen by a u32 filter on
+        the destination (this kernel has htb and u32, no prio or netem).
+        Shaping both ends' egress makes one slow link between two nodes
+        whose other links are normal (a bad cable or route, not a NIC). The
+        receive side is left unshaped."""
+        _ip("tc", "qdisc", "del", "dev", self.veth_host, "root", check=False)
+        _ip("tc", "qdisc", "del", "dev", "eth0", "root", ns=self.ns, check=False)
+        _ip("tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10", ns=self.ns)
+        for cls, rate in (("1:10", rate_mbit or 100000), ("1:30", slow_mbit or rate_mbit or 100000)):
+            _ip("tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", cls, "htb", "rate", f"{rate}mbit",
+                "quantum", "60000", ns=self.ns)
+        for addr in slow_to:
+            _ip("tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                "match", "ip", "dst", f"{addr}/32", "flowid", "1:30", ns=self.ns)
+
+
 class Cluster:
     def __init__(self, n_nodes: int, rate_mbit: Optional[float] = None, latency_ms: float = 0.0,
                  offsets: Optional[Sequence[float]] = None, clock_step_s: float = 1000.0):
