@@ -18,10 +18,10 @@ every ``REF_INTERVAL_NS`` of host time (one extra event record, no sync);
 each reference's offset from the first is the sum of the short elapsed
 times between consecutive references, kept as integer nanoseconds, and an
 event's time is its reference's time plus the short elapsed time from that
-reference. The first reference is synchronised once (before the first
-timed region, outside the steady state) to anchor the chain to the host
-clock. The chain's roundings add up as a random walk: a few µs after an
-hour, tens of µs after a day of training (measured in the tests), instead
+reference. The chain is anchored to the host clock once, before the first
+timed region (outside the steady state), by a few synchronised events, the
+earliest estimate kept. The chain's roundings add up as a random walk: a few
+µs after an hour, tens of µs after a day of training (measured in the tests), instead
 of 125 µs and 4 ms with one fixed reference. The device clock's drift
 against the host's (ppm) is not corrected.
 
@@ -53,6 +53,8 @@ from .log import log_once
 #: host time between two reference events of the chain (elapsed times up to
 #: a second are float32 milliseconds exact to ~0.06 µs)
 REF_INTERVAL_NS = 1_000_000_000
+#: waits for an event at the anchor, the earliest reading kept
+ANCHOR_SAMPLES = 3
 #: how long close() waits, polling, for the last events to complete
 DRAIN_DEADLINE_S = 5.0
 
@@ -114,8 +116,14 @@ class SimulatedEvents:
         return int(round(float32_ms(b.t - a.t) * 1e6))
 
     def synchronize(self, ev) -> None:
-        while not self.done(ev):
-            time.sleep(max(0.0, (ev.t - self.clock()) / 1e9))
+        """Sleep, then spin the last half millisecond (as CUDA's default
+        synchronisation spins), so a wake-up's lateness is not the anchor's."""
+        while True:
+            left = ev.t - self.clock()
+            if left <= 0:
+                return
+            if left > 500_000:
+                time.sleep((left - 500_000) / 1e9)
 
 
 class DeviceTimer:
@@ -133,11 +141,21 @@ class DeviceTimer:
 
     # -- hot path (training thread) ------------------------------------------
     def _anchor(self) -> None:
-        ev = self.ev.record()
-        self.ev.synchronize(ev)
-        now = self.clock()
-        self._add_ref(ev, now)
-        self._last_ref_host = now
+        """Anchor the chain: the host time of a first event. Waiting for an
+        event and reading the clock can only be late (a wake-up, a
+        preemption), never early, so each of ``ANCHOR_SAMPLES`` waits gives
+        an upper bound of the first event's host time (its own reading less
+        the device's elapsed time since the first event) and the smallest
+        bound is kept."""
+        ev0 = self.ev.record()
+        self.ev.synchronize(ev0)
+        best = self.clock()
+        for _ in range(ANCHOR_SAMPLES - 1):
+            ev = self.ev.record()
+            self.ev.synchronize(ev)
+            best = min(best, self.clock() - self.ev.elapsed_ns(ev0, ev))
+        self._add_ref(ev0, best)
+        self._last_ref_host = self.clock()
 
     def _add_ref(self, ev, host) -> None:
         self._refs[self._n_refs] = [ev, host]

@@ -38,6 +38,30 @@ def test_float32_milliseconds_lose_resolution_over_a_long_run():
     assert err > 1_000_000  # > 1 ms lost (float32 steps are 4 ms there)
 
 
+class LateWaker(SimulatedEvents):
+    """Each wait returns late by the next of ``lateness`` ns (a sleep's
+    wake-up, a preemption)."""
+
+    def __init__(self, clock, lateness):
+        super().__init__(lag_ns=4_000_000, clock=clock)
+        self.lateness = list(lateness)
+
+    def synchronize(self, ev):
+        self.clock.t = ev.t + self.lateness.pop(0)
+
+
+def test_the_anchor_keeps_the_earliest_of_its_waits():
+    """A wait for an event can only return late; the chain's anchor is the
+    least late of its waits (0.1 ms here), not the first (5 ms)."""
+    clock = FakeClock(10**9)
+    events = LateWaker(clock, [5_000_000, 100_000, 3_000_000])
+    timer = DeviceTimer(events, clock=clock)
+    timer.begin()
+    ev0, host0 = timer._refs[0]
+    assert host0 - ev0.t == pytest.approx(100_000, abs=200)
+    assert events.lateness == []
+
+
 @pytest.mark.parametrize("hours, bound_ns", [(0, 500), (1, 6_000), (24, 40_000)])
 def test_device_times_stay_precise_for_any_run_length(hours, bound_ns):
     """A region every ~2 s (jittered) for up to a day: the chain of
