@@ -248,19 +248,36 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
 
 
 def node_findings(node_tables: Dict[tuple, pd.DataFrame], mismatches: Dict[tuple, pd.DataFrame],
-                  breakdown: pd.DataFrame) -> pd.DataFrame:
-    """A slow node (named as the host it is) and collectives the ranks disagree on."""
+                  breakdown: pd.DataFrame, link_tables: Optional[Dict[tuple, pd.DataFrame]] = None) -> pd.DataFrame:
+    """A slow node, in compute (its ranks' work per step, analyzers/nodes.py)
+    or in communication (its groups' transfers, analyzers/slowlinks.py), a
+    slow link; collectives the ranks disagree on."""
     from .nodes import slow_host
+    from .slowlinks import attribute, pairs_command
 
     rows = []
     for (config, gpus), t in node_tables.items():
         slow = slow_host(t)
         if slow is not None:
             rows.append({"config": config, "gpus": int(gpus), "bound": "node",
-                         "finding": f"slow node: {slow['host']} (ranks {slow['ranks']})",
+                         "finding": f"slow node in compute: {slow['host']} (ranks {slow['ranks']})",
                          "evidence": slow["evidence"],
-                         "advice": "check that node: its GPUs and CPUs (throttling, other jobs), its data path, "
-                                   "its network link; exclude it from the allocation to confirm"})
+                         "advice": "check that node: its GPUs and CPUs (throttling, other jobs), its data path; "
+                                   "exclude it from the allocation to confirm"})
+    for (config, gpus), t in (link_tables or {}).items():
+        _groups, _nodes, found = attribute(t)
+        hosts = node_tables.get((config, gpus))
+        for f in found:
+            if f["kind"] == "untold":
+                share = breakdown[(breakdown["config"] == config) & (breakdown["gpus"] == gpus)]["comm_pct"]
+                if not len(share) or not float(share.max()) >= COMM_BOUND:
+                    continue       # communication is not what limits the run: nothing to localise
+                ppn = _ranks_per_node(hosts)
+                f = dict(f, evidence=f"{f['evidence']}; communication {float(share.max()):.1f} % of step time",
+                         advice=f"measure every node pair alone: `{pairs_command(list(hosts['host']), ppn)}`"
+                         if hosts is not None else "measure every node pair alone: `commprof bench --pairs`")
+            rows.append({"config": config, "gpus": int(gpus), "bound": "node", "finding": f["finding"],
+                         "evidence": f["evidence"], "advice": f["advice"]})
     for (config, gpus), t in mismatches.items():
         first = t.iloc[0]
         rows.append({"config": config, "gpus": int(gpus), "bound": "correctness",
@@ -270,6 +287,25 @@ def node_findings(node_tables: Dict[tuple, pd.DataFrame], mismatches: Dict[tuple
                                "or shapes differ by rank): such jobs hang or reduce the wrong tensors; "
                                "make every rank issue the same collectives in the same order"})
     return pd.DataFrame(rows, columns=["config", "gpus", "bound", "finding", "evidence", "advice"])
+
+
+def _count_ranks(spec: str) -> int:
+    """How many ranks a range list ("0-3,8") names."""
+    n = 0
+    for part in str(spec).split(","):
+        a, _, b = part.partition("-")
+        n += (int(b) - int(a) + 1) if b else 1
+    return n
+
+
+def _ranks_per_node(hosts: Optional[pd.DataFrame]) -> int:
+    """The most ranks on one host of a per-node table."""
+    if hosts is None or not len(hosts):
+        return 1
+    try:
+        return max(_count_ranks(r) for r in hosts["ranks"])
+    except ValueError:
+        return 1
 
 
 def _pm(r, col: str) -> str:

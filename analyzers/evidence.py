@@ -213,10 +213,17 @@ RULES: List[Rule] = [
          "every rank arrives last with chance 1/N per block; exact binomial, Bonferroni over the N ranks",
          f"{_alpha()} and a mean lateness over the other ranks' median of at least {MIN_EFFECT_MS} ms and "
          f"{100 * MIN_EFFECT_REL:.0f} % of the median step"),
-    Rule("slow node: host h",
+    Rule("slow node in compute: host h",
          "per step, the mean work of h's ranks minus the median of the other hosts; sign test as for ranks",
          "exceeding the other hosts' median is a fair coin, Bonferroni over the hosts",
          f"{_alpha()} {_effect().replace('rank', 'host')}"),
+    Rule("slow node in communication: host h / slow link: h <-> g",
+         "per inter-node group of a class (op, size within x2), its instances' transfer bus bandwidth: the "
+         "duration of the last rank to arrive, which waits for nobody; median and upper quartile",
+         "none (an effect size, as `commprof bench --pairs`): not tested against chance",
+         "a host: more than half of its groups (>= 2) with an upper quartile below 60 % of the median of the groups "
+         "without it; a link: a group of normal hosts below 60 % of the normal groups' median; a class needs >= 3 "
+         "groups over different host sets, a group >= 3 instances every rank recorded"),
     Rule("data loading stalls training / communication-bound / compute-bound / time outside recorded regions",
          "time-weighted share of step time over all ranks and steps, with its 95 % interval over steps "
          "(linearised ratio estimator)",

@@ -163,8 +163,37 @@ def _failures(runs, finds: pd.DataFrame):
     return pd.concat(frames, ignore_index=True), finds
 
 
-def build_report(runs, warmup: int = 1):
-    """The report's tables from analysed runs (RunAnalysis objects)."""
+LINK_COLUMNS = [("config", "configuration", ""), ("gpus", "GPUs", "d"), ("class", "class", ""),
+                ("group", "group", ""), ("nodes", "nodes", ""), ("calls", "calls", "d"),
+                ("transfer_ms", "transfer ms p50", ".3f"), ("busbw_GBps", "busbw GB/s p50", ".3g"),
+                ("busbw_GBps_p75", "busbw GB/s p75", ".3g"), ("slow", "slow", "")]
+
+
+def _flagged(groups: pd.DataFrame) -> pd.DataFrame:
+    """The inter-node groups with their ``slow`` flag (analyzers/slowlinks.py)."""
+    from .slowlinks import attribute
+
+    return attribute(groups)[0]
+
+
+def _with_pairs(finds: pd.DataFrame, pairs: Sequence[Tuple[str, dict]]) -> pd.DataFrame:
+    """The pairs bench's findings after the study's; each node finding of
+    the study says what the pairs bench found."""
+    for where, doc in pairs:
+        pf = pairs_report(doc).tables["bottlenecks"].frame
+        said = "; ".join(str(f) for f in pf["finding"]) or "nothing"
+        node = finds["bound"] == "node"
+        finds.loc[node, "evidence"] = finds.loc[node, "evidence"] + f"; the study's pairs bench ({where}): {said}"
+        pf = pf.assign(bound="node", advice=[f"{a} (results: {where})".lstrip() for a in pf["advice"].fillna("")])
+        finds = pd.concat([finds, pf], ignore_index=True)
+    return finds
+
+
+def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = ()):
+    """The report's tables from analysed runs (RunAnalysis objects); with
+    ``pairs`` (where, results of ``commprof bench --pairs`` run beside the
+    study), their findings too, and a node finding of the study points to
+    them."""
     from . import bottleneck, scaling
 
     for r in runs:
@@ -177,13 +206,15 @@ def build_report(runs, warmup: int = 1):
     clock_t = scaling.run_tables(runs, "clocks")
     node_t = scaling.run_tables(runs, "nodes")
     scope_t = scaling.run_tables(runs, "scope")
+    link_t = scaling.run_tables(runs, "links")
     mism = {}
     for key, members in scaling._groups(runs).items():
         ms = [m.colls.mismatches() for m in members]
         ms = [t for t in ms if len(t)]
         if ms:
             mism[key] = pd.concat(ms, ignore_index=True)
-    finds = pd.concat([finds, bottleneck.node_findings(node_t, mism, table)], ignore_index=True)
+    finds = pd.concat([finds, bottleneck.node_findings(node_t, mism, table, link_t)], ignore_index=True)
+    finds = _with_pairs(finds, pairs)
     fine = fine_grain(runs)
     if len(fine["findings"]):
         finds = pd.concat([finds, fine["findings"]], ignore_index=True)
@@ -251,6 +282,10 @@ def build_report(runs, warmup: int = 1):
         tables["nodes"] = Table("Per node (host)", scaling.stack(node_t), NODE_COLUMNS)
     if scope_t:
         tables["scope"] = Table("Collectives within a node vs across nodes", scaling.stack(scope_t), SCOPE_COLUMNS)
+    if link_t:
+        tables["links"] = Table("Inter-node groups: transfer speed once every rank arrived (the last arrival's "
+                                "duration)", scaling.stack({k: _flagged(t) for k, t in link_t.items()}),
+                                LINK_COLUMNS)
     if clock_t:
         tables["clocks"] = Table("Clock alignment per host (from the collectives; offsets added to each host's "
                                  "monotonic clock)", scaling.stack(clock_t), CLOCK_COLUMNS)

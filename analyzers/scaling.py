@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import breakdown, buckets, clocks, kernels, nodes, stragglers, throughput
+from . import breakdown, buckets, clocks, kernels, nodes, slowlinks, stragglers, throughput
 from .collectives import CollectiveStats
 from ..trace.metadata import batch_size as infer_batch_size
 from ..trace.schema import CAT
@@ -59,6 +59,7 @@ class RunAnalysis:
     hosts: Dict[int, str] = field(default_factory=dict)                 # per rank: host name
     nodes: pd.DataFrame = field(default_factory=pd.DataFrame)           # per host (multi-host runs)
     scope: pd.DataFrame = field(default_factory=pd.DataFrame)           # collectives intra / inter node
+    links: pd.DataFrame = field(default_factory=pd.DataFrame)           # inter-node groups' transfer speeds
     #: the fine grain (analyzers/buckets.py), aligned clocks, <= buckets.MAX_STEPS steps per rank
     fine_phases: pd.DataFrame = field(default_factory=pd.DataFrame)     # per (rank, step)
     fine_grads: pd.DataFrame = field(default_factory=pd.DataFrame)      # per (rank, step, bucket)
@@ -251,14 +252,16 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         meta["ddp_buckets"] = names
     t0 = time.perf_counter()
     per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
-    scope = nodes.scope_table(cframe, hosts) if len(set(hosts.values())) > 1 else pd.DataFrame()
+    several = len(set(hosts.values())) > 1
+    scope = nodes.scope_table(cframe, hosts) if several else pd.DataFrame()
+    links = slowlinks.group_speeds(cframe, hosts) if several else pd.DataFrame()
     spent["per-host and scope tables"] = time.perf_counter() - t0
     return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
                        pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
                        pd.concat(phases, ignore_index=True) if phases else pd.DataFrame(),
                        pd.concat(kshares, ignore_index=True) if kshares else pd.DataFrame(),
                        pd.concat(kbreak, ignore_index=True) if kbreak else pd.DataFrame(),
-                       clock_table, offsets, hosts, per_host, scope, fph, fgr, timings=spent)
+                       clock_table, offsets, hosts, per_host, scope, links, fph, fgr, timings=spent)
 
 
 def model_flops(rank_metas: List[dict]) -> Optional[float]:

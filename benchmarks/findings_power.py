@@ -36,7 +36,7 @@ import commprof  # noqa: E402
 from commprof.analyzers import evidence as ev  # noqa: E402
 from simsync import Sim  # noqa: E402
 
-ACCUSE = re.compile(r"^(straggler: rank (\d+)|slow node: (\S+))")
+ACCUSE = re.compile(r"^(straggler: rank (\d+)|slow node in compute: (\S+))")
 GATE = re.compile(r"rank (\d+) is the last ready in .*\(why: ")
 
 

@@ -14,6 +14,7 @@ Example::
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
@@ -247,6 +248,8 @@ class Comparison:
     warmup: int = 1
     batch_size: Optional[int] = None
     group_by: Optional[Sequence[str]] = None
+    #: (where, results) of pairs benches run beside the study (``commprof sweep --pairs``)
+    pairs: Sequence = ()
     _report: object = None
     _runs: object = None
     #: seconds of the last analysis: per run its stages, then the report's tables
@@ -257,7 +260,8 @@ class Comparison:
             import time
 
             t0 = time.perf_counter()
-            self._report, self._runs = analyze(self.traces, self.warmup, self.batch_size, self.group_by)
+            self._report, self._runs = analyze(self.traces, self.warmup, self.batch_size, self.group_by,
+                                               pairs=self.pairs)
             total = time.perf_counter() - t0
             stages = [(f"{os.path.basename(str(r.meta.get('path', '')))}: {k}", v)
                       for r in (self._runs or []) for k, v in r.timings.items()]
@@ -341,12 +345,12 @@ def load(paths: Union[PathLike, Sequence[PathLike]]) -> Union[Trace, Comparison]
     A study folder (``commprof sweep``'s output) opens as a ``Comparison``
     of its runs. Nothing is read but metadata until a method needs events."""
     if isinstance(paths, (str, Trace)) or hasattr(paths, "__fspath__"):
-        expanded = _expand([paths])
+        paths = [paths]
+        expanded = _expand(paths)
         if len(expanded) == 1:
             return _one(expanded[0])
-        paths = expanded
     traces = join_jobs([_one(p) for p in _expand(paths)])
-    return traces[0] if len(traces) == 1 else compare(traces)
+    return traces[0] if len(traces) == 1 else compare(traces, pairs=study_pairs(paths))
 
 
 def study_runs(folder: str) -> List[str]:
@@ -381,6 +385,29 @@ def _expand(paths: Sequence[PathLike]) -> List[PathLike]:
     return out
 
 
+def study_pairs(paths: Sequence[PathLike]) -> List[tuple]:
+    """(path, results) of the pairs bench each study folder holds
+    (``commprof sweep --pairs``: ``STUDY/pairs/pairs.json``)."""
+    from .sweep import PAIRS
+
+    out = []
+    for p in paths:
+        if not isinstance(p, (str, os.PathLike)):
+            continue
+        f = os.path.join(str(p), PAIRS, "pairs.json")
+        if os.path.isfile(f):
+            try:
+                with open(f) as fh:
+                    doc = json.load(fh)
+            except (OSError, ValueError) as exc:
+                from .errors import UsageError
+
+                raise UsageError(f"{f}: not a pairs bench result ({exc})")
+            if doc.get("mode") == "pairs":
+                out.append((f, doc))
+    return out
+
+
 def _one(p: PathLike) -> Trace:
     if isinstance(p, Trace):
         return p
@@ -390,13 +417,16 @@ def _one(p: PathLike) -> Trace:
 
 
 def compare(traces: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
-            group_by: Optional[Sequence[str]] = None) -> Comparison:
-    """Analyse several runs together (grouped by configuration and GPU count)."""
-    return Comparison(join_jobs([_one(t) for t in _expand(traces)]), warmup, batch_size, group_by)
+            group_by: Optional[Sequence[str]] = None, pairs: Optional[Sequence] = None) -> Comparison:
+    """Analyse several runs together (grouped by configuration and GPU count);
+    a study folder's pairs bench (``commprof sweep --pairs``) comes along."""
+    return Comparison(join_jobs([_one(t) for t in _expand(traces)]), warmup, batch_size, group_by,
+                      pairs=study_pairs(traces) if pairs is None else pairs)
 
 
 def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
-            group_by: Optional[Sequence[str]] = None, chunk_rows: int = CHUNK_ROWS):
+            group_by: Optional[Sequence[str]] = None, chunk_rows: int = CHUNK_ROWS,
+            pairs: Optional[Sequence] = None):
     """Analyse runs together: (Report, [RunAnalysis per run]). What
     ``commprof report`` prints is this report."""
     from .analyzers.report import build_report
@@ -411,7 +441,7 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
     from .analyzers.scaling import adopt_baselines
 
     runs = adopt_baselines([t.analysis(warmup, batch_size, group_by, chunk_rows) for t in traces], group_by)
-    return build_report(runs, warmup), runs
+    return build_report(runs, warmup, pairs=study_pairs(paths) if pairs is None else pairs), runs
 
 
 def _comm_frame(t: "Trace") -> pd.DataFrame:

@@ -268,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--record-args", default=None, metavar="ARGS", help="extra commprof record options (one string)")
     sw.add_argument("--cell-timeout", type=float, default=None, metavar="S",
                     help="stop a cell running longer than S seconds (marked failed)")
+    sw.add_argument("--pairs", action="store_true",
+                    help="first measure every node pair alone (commprof bench --pairs over the largest cell's "
+                         "ranks) into STUDY/pairs/; the study report shows its findings")
     sw.add_argument("--dry-run", action="store_true", help="print each cell's command or job script; run nothing")
     sw.add_argument("--force", action="store_true", help="rerun complete cells too")
     sw.add_argument("--no-report", action="store_true", help="do not print the study report at the end")
@@ -519,7 +522,7 @@ def cmd_sweep(args) -> int:
                      output=args.output, launcher=args.launcher, gpus_per_node=args.gpus_per_node,
                      record_args=shlex.split(args.record_args) if args.record_args else None,
                      cell_timeout=args.cell_timeout, partition=args.partition, time=args.time,
-                     sbatch_args=args.sbatch_args)
+                     sbatch_args=args.sbatch_args, pairs=args.pairs)
     rc = sweep(plan, force=args.force, dry_run=args.dry_run)
     if args.dry_run or args.no_report:
         return rc
@@ -534,6 +537,12 @@ def cmd_sweep(args) -> int:
                          notes=report.notes[:1] + [f"The whole report: commprof report {plan.output}"])
         sys.stdout.write("\n" + _renderer(args, "table").render(_select(report, argparse.Namespace(
             table=None, columns=args.columns))))
+    from .analyzers.report import pairs_report
+    from .api import study_pairs
+
+    for where, doc in study_pairs([plan.output]):
+        found = pairs_report(doc).tables["bottlenecks"].frame["finding"]
+        sys.stdout.write(f"\nNode pairs ({where}, heat map: {where[:-len('.json')]}.html): {'; '.join(found)}\n")
     return rc
 
 

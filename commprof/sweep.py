@@ -22,10 +22,14 @@ wins)::
     time = "00:30:00"
     sbatch_args = ["--exclusive"]
     request_gpus = false          # add --gpus-per-node to each job
+    pairs = true                  # first: commprof bench --pairs over the largest cell's ranks
 
 Placeholders: ``{nproc}``, ``{nodes}``, ``{tasks_per_node}``,
 ``{gpus_per_node}``, ``{cell}`` (the cell's folder), every varied key, and
-the keys a varied value brings. A cell whose folder holds a complete trace
+the keys a varied value brings. With ``pairs`` (``--pairs``) the sweep
+first measures every node pair alone (``commprof bench --pairs`` over the
+largest cell's ranks and nodes) into ``STUDY/pairs/``; the study report
+then shows its findings beside a slow-node finding. A cell whose folder holds a complete trace
 from a successful run is skipped (the sweep resumes); a failing cell is
 reported, its attempt kept aside (``<N>.failed-<k>``), and the others still
 run. Standard library only (the report at the end reads the traces in
@@ -52,6 +56,8 @@ LAUNCHERS = ("local", "slurm")
 #: keys the recorder detects itself: varied, they are not added as labels
 DETECTED = ("framework", "loader", "model", "batch_size")
 STATE = "sweep.json"
+#: the folder, inside the study, of the pairs bench run before the cells
+PAIRS = "pairs"
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -66,6 +72,7 @@ class Plan:
     record_args: List[str] = field(default_factory=list)
     cell_timeout: float = 0.0
     slurm: Dict[str, object] = field(default_factory=dict)
+    pairs: bool = False
 
 
 @dataclass
@@ -80,10 +87,17 @@ class Cell:
     #: {tasks_per_node} absent): commprof does (local: record --nproc N, a
     #: plain process at N = 1; SLURM: srun inside the job)
     auto: bool = False
+    #: the pairs bench (``commprof bench --pairs``), not a recorded cell
+    pairs: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.config}/{self.nproc}"
+        return PAIRS if self.pairs else f"{self.config}/{self.nproc}"
+
+    @property
+    def product(self) -> str:
+        """What a successful run leaves in its folder."""
+        return "pairs.json" if self.pairs else "trace.parquet"
 
 
 # -- the plan -------------------------------------------------------------------
@@ -140,7 +154,7 @@ def load_plan(path: Optional[str] = None, **cli) -> Plan:
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"sweep: {path}: not valid TOML: {exc}")
         known = {"command", "nproc", "vary", "output", "launcher", "gpus_per_node", "record_args",
-                 "cell_timeout", "slurm"}
+                 "cell_timeout", "slurm", "pairs"}
         unknown = sorted(set(doc) - known)
         if unknown:
             raise UsageError(f"sweep: {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -154,6 +168,7 @@ def load_plan(path: Optional[str] = None, **cli) -> Plan:
         plan.record_args = [str(a) for a in doc.get("record_args", [])]
         plan.cell_timeout = float(doc.get("cell_timeout", 0) or 0)
         plan.slurm = dict(doc.get("slurm") or {})
+        plan.pairs = bool(doc.get("pairs", False))
     if cli.get("command"):
         plan.command = cli["command"]
     if cli.get("nproc"):
@@ -169,6 +184,8 @@ def load_plan(path: Optional[str] = None, **cli) -> Plan:
         plan.record_args += list(cli["record_args"])
     if cli.get("cell_timeout"):
         plan.cell_timeout = float(cli["cell_timeout"])
+    if cli.get("pairs"):
+        plan.pairs = True
     for key in ("partition", "time"):
         if cli.get(key):
             plan.slurm[key] = cli[key]
@@ -187,9 +204,20 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-") or "x"
 
 
+def pairs_cell(plan: Plan) -> Cell:
+    """The pairs bench over the largest cell's ranks (its nodes at SLURM)."""
+    n = max(plan.nproc)
+    return Cell(PAIRS, {}, n, os.path.join(plan.output, PAIRS), [], {}, auto=True, pairs=True)
+
+
 def cells(plan: Plan) -> List[Cell]:
     """Every (configuration, N) cell of the plan, configurations in plan
-    order, GPU counts ascending."""
+    order, GPU counts ascending; the pairs bench first where asked."""
+    out = [pairs_cell(plan)] if plan.pairs else []
+    return out + _study_cells(plan)
+
+
+def _study_cells(plan: Plan) -> List[Cell]:
     keys = list(plan.vary)
     combos = list(itertools.product(*[list(plan.vary[k].items()) for k in keys])) if keys else [()]
     out = []
@@ -225,7 +253,20 @@ def _fill(template: str, subs: Dict[str, str], what: str) -> str:
 
 
 # -- running cells ----------------------------------------------------------------
+def bench_pairs_command(cell: Cell, plan: Plan) -> List[str]:
+    """``commprof bench --pairs`` into the cell's folder: locally over N
+    ranks, at SLURM through srun inside the job (its nodes)."""
+    out = os.path.join(cell.folder, "pairs")
+    cmd = [sys.executable, "-m", "commprof", "bench", "--pairs", "--json", out + ".json",
+           "--report", out + ".html"]
+    if plan.launcher == "slurm":
+        return cmd + ["--", "srun", "--ntasks", str(cell.nproc)]
+    return cmd + ["--nproc", str(cell.nproc)]
+
+
 def record_command(cell: Cell, plan: Plan) -> List[str]:
+    if cell.pairs:
+        return bench_pairs_command(cell, plan)
     cmd = [sys.executable, "-m", "commprof", "record", "-o", cell.folder]
     for k, v in cell.labels.items():
         cmd += ["--label", f"{k}={v}"]
@@ -249,8 +290,8 @@ def state(cell: Cell) -> dict:
 
 
 def complete(cell: Cell) -> bool:
-    """A successful run with its merged trace: the sweep skips it."""
-    return state(cell).get("status") == "done" and os.path.isfile(os.path.join(cell.folder, "trace.parquet"))
+    """A successful run with its merged trace (the pairs bench: its results): the sweep skips it."""
+    return state(cell).get("status") == "done" and os.path.isfile(os.path.join(cell.folder, cell.product))
 
 
 def _write_state(cell: Cell, doc: dict) -> None:
@@ -292,7 +333,7 @@ def run_local(cell: Cell, plan: Plan) -> dict:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             rc, status = 124, "failed"
-    if status == "done" and not os.path.isfile(os.path.join(cell.folder, "trace.parquet")):
+    if status == "done" and not os.path.isfile(os.path.join(cell.folder, cell.product)):
         status = "failed"
     doc.update(status=status, rc=rc, seconds=round(time.time() - t0, 2))
     if rc == 124 and plan.cell_timeout:
@@ -362,7 +403,7 @@ def wait_slurm(cell: Cell, doc: dict, plan: Plan) -> dict:
         rc = int(open(os.path.join(cell.folder, "sweep.rc")).read().strip())
     except (OSError, ValueError):
         rc = None
-    ok = rc == 0 and os.path.isfile(os.path.join(cell.folder, "trace.parquet"))
+    ok = rc == 0 and os.path.isfile(os.path.join(cell.folder, cell.product))
     doc.update(status="done" if ok else "failed", rc=rc, seconds=round(time.time() - doc["started"], 2))
     if rc is None:
         doc["reason"] = "the job ended without running the cell (cancelled, or failed to start)"

@@ -145,7 +145,7 @@ def test_shared_folder_with_offset_clocks_and_a_wrong_wall_clock(make_cluster, t
     scope = rep.tables["scope"].frame
     assert set(scope["scope"]) == {"inter-node"}
     finds = rep.tables["bottlenecks"].frame["finding"]
-    assert finds.str.contains("slow node: node1").any()
+    assert finds.str.contains("slow node in compute: node1").any()
 
 
 def test_per_node_folders_are_one_job_and_a_slow_node_is_named(make_cluster, tmp_path):
@@ -170,12 +170,12 @@ def test_per_node_folders_are_one_job_and_a_slow_node_is_named(make_cluster, tmp
     assert nodes.loc["node1", "work_ms"] > nodes.loc["node0", "work_ms"] + 15
     finds = rep.tables["bottlenecks"].frame
     slow = finds[finds["finding"].str.startswith("slow node")]
-    assert list(slow["finding"]) == ["slow node: node1 (ranks 1)"]
+    assert list(slow["finding"]) == ["slow node in compute: node1 (ranks 1)"]
     # the command line reports the two folders as one job too
     from conftest import run
     proc = run(commprof_cmd("report", *outs_dirs))
     assert proc.returncode == 0, proc.stderr
-    assert "slow node: node1" in proc.stdout
+    assert "slow node in compute: node1" in proc.stdout
 
 
 def test_busbw_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_path):
@@ -249,3 +249,49 @@ def test_bench_beta_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_pat
     beta = pieces[-1]["beta_Bps"]
     print(f"fitted beta {beta / 1e6:.1f} MB/s on a 25 MB/s link; pieces {pieces}")
     assert 0.8 * 25e6 <= beta <= 1.2 * 25e6, pieces
+
+
+GRID_RATE = 200      # Mbit/s: 25 MB/s; a 256 KiB two-node all_reduce ~10 ms, ~40 ms at a quarter
+
+
+def _grid_findings(c, tmp_path, extra):
+    """Four nodes, one rank each, in 2-D groups (rows {0,1} {2,3}, columns
+    {0,2} {1,3}) under commprof record: the report's node findings."""
+    out = str(tmp_path / "rec")
+    port = next_port()
+    procs, outs = run_nodes(c, lambda n: commprof_cmd("record", "-o", out, "--", *torchrun_on(
+        c, n, port, ["--steps", "14", "--grid-bytes", str(256 << 10), *extra])), timeout=300)
+    assert [p.returncode for p in procs] == [0] * len(c.nodes), \
+        [(p.returncode, o[-2000:], e[-4000:]) for p, (o, e) in zip(procs, outs) if p.returncode]
+    rep = commprof.load(out).report()
+    finds = rep.tables["bottlenecks"].frame
+    node = finds[finds["bound"] == "node"]
+    return list(node["finding"]), rep
+
+
+def test_a_node_slow_in_communication_is_told_from_one_slow_in_compute(make_cluster, tmp_path):
+    """The same job twice: node2's link at a quarter of the others' rate, then
+    node2's rank computing 40 ms more per step on normal links. The first
+    names node2 slow in communication (its groups' transfers, after the last
+    arrival, are slow; its work is not), the second slow in compute (its
+    work per step; its groups' transfers are normal) — never the other."""
+    c = make_cluster(4, rate_mbit=GRID_RATE)
+    c.nodes[2].shape(GRID_RATE / 4)
+    found, rep = _grid_findings(c, tmp_path / "link", [])
+    # four ranks share this machine's two cores: another node may truly compute slower now and then
+    comm_found = [f for f in found if "in compute" not in f]
+    assert comm_found == ["slow node in communication: node2"] and "slow node in compute: node2" not in \
+        " ".join(found), (found, rep.tables["links"].frame.to_string(), rep.tables["nodes"].frame.to_string())
+    links = rep.tables["links"].frame
+    pair = links[links["nodes"].isin(["node0, node1", "node1, node3"])]
+    slowed = links[links["nodes"].isin(["node2, node3", "node0, node2"])]
+    assert len(pair) == 2 and len(slowed) == 2 and not pair["slow"].any() and slowed["slow"].all(), links
+    # a slowed group's transfers at about a quarter of the others' (the link rates' ratio)
+    assert slowed["busbw_GBps"].max() < 0.4 * pair["busbw_GBps"].min(), links
+
+    c.nodes[2].shape(GRID_RATE)
+    found, rep = _grid_findings(c, tmp_path / "compute", ["--slow-rank", "2", "--slow-ms", "40"])
+    assert "slow node in compute: node2 (ranks 2)" in found and not any("communication" in f or "link" in f
+                                                                        for f in found), \
+        (found, rep.tables["nodes"].frame.to_string())
+    assert not rep.tables["links"].frame["slow"].any(), rep.tables["links"].frame

@@ -38,10 +38,16 @@ partition = "gpu"
 time = "00:10:00"
 request_gpus = true
 ''')
-    proc = run(commprof_cmd("sweep", str(plan), "--dry-run"))
+    proc = run(commprof_cmd("sweep", str(plan), "--dry-run", "--pairs"))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert out.count("#!/bin/bash") == 6 and not (tmp_path / "study").exists()
+    assert out.count("#!/bin/bash") == 7 and not (tmp_path / "study").exists()
+    # first the pairs bench, over the largest cell's nodes
+    first = out.split("# pairs (would run)")[1].split("\n# framework")[0]
+    assert out.index("# pairs (would run)") < out.index("# framework")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "bench --pairs --json",
+                 os.path.join(str(tmp_path / "study"), "pairs", "pairs.json"), "-- srun --ntasks 8"):
+        assert line in first, (line, first)
     block = out.split("# framework-ddp_loader-dali/8 (would run)")[1].split("\n# framework")[0]
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks=8", "#SBATCH --ntasks-per-node=4",
                  "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=00:10:00",
@@ -56,10 +62,14 @@ request_gpus = true
 @pytest.mark.slow
 def test_local_sweep_resumes_and_survives_a_failing_cell(tmp_path):
     study = str(tmp_path / "study")
-    args = commprof_cmd("sweep", "-o", study, "--nproc", "1,2", "--vary", "hidden=64,x",
+    args = commprof_cmd("sweep", "-o", study, "--nproc", "1,2", "--vary", "hidden=64,x", "--pairs",
                         "--", PY, TINY, "--steps", "5", "--hidden", "{hidden}")
     proc = run(args, timeout=400)
     assert proc.returncode == 1, proc.stdout + proc.stderr      # a cell failed; the others ran
+    # the pairs bench first (2 ranks on this one node: one pair), its finding in the summary and the report
+    assert re.search(r"pairs\s+done", proc.stdout), proc.stdout
+    assert "Node pairs (" in proc.stdout and "two ranks: not attributable" in proc.stdout, proc.stdout
+    assert os.path.isfile(os.path.join(study, "pairs", "pairs.html"))
     assert re.search(r"hidden-x/1\s+failed", proc.stdout) and re.search(r"hidden-x/2\s+failed", proc.stdout)
     assert re.search(r"hidden-64/1\s+done", proc.stdout) and re.search(r"hidden-64/2\s+done", proc.stdout)
     assert _state(study, "hidden-64/2")["status"] == "done"
@@ -69,11 +79,14 @@ def test_local_sweep_resumes_and_survives_a_failing_cell(tmp_path):
     c = commprof.load(study)
     bd = c.report().tables["breakdown"].frame
     assert sorted(bd["gpus"]) == [1, 2] and bd["config"].nunique() == 1
+    finds = c.report().tables["bottlenecks"].frame
+    assert (finds["config"] == "bench --pairs").sum() == 1, finds
     # resume: complete cells are skipped (not rerun), failed ones retried, their attempt kept aside
     before = os.path.getmtime(os.path.join(study, "hidden-64", "2", "trace.parquet"))
     proc = run(args, timeout=400)
     assert proc.returncode == 1
     assert re.search(r"hidden-64/1\s+skipped \(complete\)", proc.stdout)
+    assert re.search(r"pairs\s+skipped \(complete\)", proc.stdout)
     assert re.search(r"hidden-64/2\s+skipped \(complete\)", proc.stdout)
     assert os.path.getmtime(os.path.join(study, "hidden-64", "2", "trace.parquet")) == before
     assert os.path.isdir(os.path.join(study, "hidden-x", "1.failed-1"))

@@ -20,7 +20,7 @@ def _named(record, *extra):
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = commprof.load(out).report().tables["bottlenecks"].frame
     rows = list(zip(found["finding"], found["evidence"]))
-    return [(f, e) for f, e in rows if f.startswith(("straggler:", "slow node:")) or "(why: " in e], rows
+    return [(f, e) for f, e in rows if f.startswith(("straggler:", "slow node")) or "(why: " in e], rows
 
 
 def test_two_equal_ranks_are_not_told_apart(record):

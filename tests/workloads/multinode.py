@@ -12,6 +12,9 @@ known ways:
                             collective; with --linger-s the others then hang)
 --mismatch-rank R --mismatch-at S   rank R reduces float64 (same bytes) at step S
 --crash-rank R --crash-at S [--crash segfault|exit]   rank R segfaults (or exits 0) at step S
+--grid-bytes B              2-D parallel groups (as tensor x data parallel): ranks 2k, 2k+1 form a
+                            "row" group, ranks of equal parity a "column" group; every step one
+                            all_reduce of B bytes in the rank's row group, then one in its column group
 Each rank writes rank<N>.json (own issue times of the blocking all_reduce on
 the wall clock, which time namespaces leave alone: the truth the clock tests
 compare with), its rank and host into --result-dir.
@@ -54,6 +57,7 @@ def main():
                    help="segfault: read address 0 (SIGSEGV); exit: sys.exit(0) early (its peers wait for it)")
     p.add_argument("--mismatch-rank", type=int, default=-1)
     p.add_argument("--mismatch-at", type=int, default=-1)
+    p.add_argument("--grid-bytes", type=int, default=0)
     p.add_argument("--result-dir", default=None)
     a = p.parse_args()
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
@@ -68,6 +72,11 @@ def main():
     if a.slow_ms and rank == a.slow_rank:
         model[0].register_forward_pre_hook(lambda m, inp: time.sleep(a.slow_ms / 1e3))
     ddp = nn.parallel.DistributedDataParallel(model)
+    grid = []
+    if a.grid_bytes:
+        rows = [dist.new_group([2 * k, 2 * k + 1]) for k in range(world // 2)]
+        cols = [dist.new_group(list(range(c, world, 2))) for c in range(2)]
+        grid = [(rows[rank // 2], torch.zeros(a.grid_bytes // 4)), (cols[rank % 2], torch.zeros(a.grid_bytes // 4))]
     if a.sync_like_grads:
         a.sync_bytes = 4 * sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
@@ -80,6 +89,8 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        for group, buf in grid:
+            dist.all_reduce(buf, group=group)
         if rank == a.late_rank and a.late_ms:
             time.sleep(a.late_ms / 1e3)
         if rank == a.crash_rank and step == a.crash_at:
