@@ -56,29 +56,46 @@ def group_speeds(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.Data
         return pd.DataFrame(columns=GROUP_COLUMNS)
     gcodes, gnames = str_codes(c["group"])
     ocodes, onames = str_codes(c["name"])
-    dur = c["t_end"].to_numpy(np.int64) - c["t_start"].to_numpy(np.int64)
-    inst = pd.DataFrame({"g": gcodes, "o": ocodes, "seq": c["seq"].to_numpy(np.int64), "dur": dur,
-                         "bytes": c["bytes"].to_numpy(np.float64),
-                         "gs": c["group_size"].to_numpy(np.float64), "rank": c["rank"].to_numpy(np.int64)})
-    members = inst.groupby("g")["rank"].unique()
-    per = inst.groupby(["g", "o", "seq"], sort=False).agg(dur=("dur", "min"), nbytes=("bytes", "max"),
-                                                          gs=("gs", "max"), seen=("rank", "nunique"))
+    rank = c["rank"].to_numpy(np.int64)
+    seq = c["seq"].to_numpy(np.int64)
+    # one integer key per instance (group, op, seq); numpy sorts and reductions, no per-row Python
+    go = gcodes * len(onames) + ocodes
+    seq0 = seq - seq.min()
+    key = go * (int(seq0.max()) + 1) + seq0
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+    dur = (c["t_end"].to_numpy(np.int64) - c["t_start"].to_numpy(np.int64))[order]
+    inst_dur = np.minimum.reduceat(dur, starts)
+    inst_bytes = np.maximum.reduceat(np.nan_to_num(c["bytes"].to_numpy(np.float64)[order]), starts)
+    inst_gs = np.maximum.reduceat(np.nan_to_num(c["group_size"].to_numpy(np.float64)[order]), starts)
+    inst_seen = np.diff(np.r_[starts, len(ks)])
+    inst_go = go[order][starts]
     # an instance counts when every rank of the group recorded it (else its last arrival may be missing)
-    per = per[(per["seen"] >= per["gs"]) & (per["dur"] > 0) & (per["nbytes"] > 0)].reset_index()
+    ok = (inst_seen >= inst_gs) & (inst_dur > 0) & (inst_bytes > 0)
+    # the node set of each group, from the ranks seen in it
+    width = int(rank.max()) + 1
+    gr = np.unique(gcodes * width + rank)
+    members: Dict[int, List[int]] = {}
+    for v in gr.tolist():
+        members.setdefault(v // width, []).append(v % width)
     rows = []
-    for (g, o), x in per.groupby(["g", "o"]):
+    for k in np.unique(inst_go[ok]).tolist():
+        g, o = divmod(int(k), len(onames))
         node_set = tuple(sorted({hosts.get(int(r), "?") for r in members[g]}))
-        if len(node_set) < 2 or len(x) < MIN_CALLS:
+        sel = ok & (inst_go == k)
+        if len(node_set) < 2 or sel.sum() < MIN_CALLS:
             continue
-        op = onames[int(o)]
-        bw = x["nbytes"].to_numpy() * bus_factor(op, x["gs"].to_numpy()) / (x["dur"].to_numpy() / 1e9) / 1e9
+        op = onames[o]
+        d, nb = inst_dur[sel], inst_bytes[sel]
+        bw = nb * bus_factor(op, inst_gs[sel]) / (d / 1e9) / 1e9
         bw = bw[np.isfinite(bw)]
         if not len(bw):
             continue
-        size = float(np.median(x["nbytes"]))
-        rows.append({"class": f"{op} ~{_size(size)}", "group": gnames[int(g)], "op": op, "nodes": ", ".join(node_set),
-                     "n_nodes": len(node_set), "ranks": len(members[g]), "calls": len(x), "bytes": size,
-                     "transfer_ms": float(np.median(x["dur"])) / 1e6, "busbw_GBps": float(np.median(bw)),
+        size = float(np.median(nb))
+        rows.append({"class": "", "group": gnames[g], "op": op, "nodes": ", ".join(node_set),
+                     "n_nodes": len(node_set), "ranks": len(members[g]), "calls": int(sel.sum()), "bytes": size,
+                     "transfer_ms": float(np.median(d)) / 1e6, "busbw_GBps": float(np.median(bw)),
                      "busbw_GBps_p75": float(np.percentile(bw, 75)), "slow": False})
     out = pd.DataFrame(rows, columns=GROUP_COLUMNS)
     if len(out):

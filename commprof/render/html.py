@@ -130,10 +130,10 @@ class HtmlRenderer(Renderer):
             figs.append(("Bandwidth between nodes",
                          "Each cell is one node pair's median bandwidth each way (GB/s); a slow node is a dark "
                          "row and column, a slow link one dark cell pair.",
-                         {"data": [{"type": "heatmap", "x": hosts, "y": hosts, "z": z, "colorscale": "Viridis",
-                                    "colorbar": {"title": {"text": "GB/s"}}, "hoverongaps": False}],
-                          "layout": {"xaxis": {"title": {"text": "node"}}, "yaxis": {"title": {"text": "node"},
-                                                                                        "autorange": "reversed"}}}))
+                         _layout([{"type": "heatmap", "x": hosts, "y": hosts, "z": z, "colorscale": "Viridis",
+                                   "colorbar": {"title": {"text": "GB/s"}}, "hoverongaps": False}],
+                                 "bandwidth each way between every pair (GB/s, median over iterations)",
+                                 {"title": {"text": "node"}}, {"title": {"text": "node"}, "autorange": "reversed"})))
         bd = report.tables.get("breakdown")
         if bd is not None and len(bd.frame):
             figs += self._breakdown_figures(bd.frame)

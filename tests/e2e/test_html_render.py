@@ -90,3 +90,22 @@ def test_predict_report_renders(chromium, tmp_path):
     for dark in (False, True):
         shot = os.path.join(ARTIFACTS, "html", f"predict-{'dark' if dark else 'light'}.png")
         assert chk.problems(chk.check(html, chromium, dark=dark, screenshot=shot), min_figures=1) == []
+
+
+def test_pairs_heat_map_renders(chromium, tmp_path):
+    """`commprof bench --pairs` as HTML (a slow node among four): the heat map
+    drawn with its title, axis titles and how-to-read line, nothing cut."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "analyzers"))
+    from test_pairs import _samples
+
+    from commprof import render
+    from commprof.analyzers import pairs as pr
+    from commprof.analyzers.report import pairs_report
+
+    samples, hosts = _samples(4, lambda a, b: 6.25e6 if "node2" in (a, b) else 25e6)
+    doc = {"world_size": 4, "hosts": hosts, "rounds": pr.plan(hosts), "bytes": 1 << 20, "iters": 9, "warmup": 2,
+           "samples": samples.to_dict("records")}
+    html = tmp_path / "pairs.html"
+    html.write_text(render.get("html").render(pairs_report(doc)))
+    result = chk.check(str(html), chromium, screenshot=os.path.join(ARTIFACTS, "html", "pairs-light.png"))
+    assert chk.problems(result, min_figures=1) == []
