@@ -35,9 +35,13 @@ Algorithms, as in ``tuning.cc`` (n ranks, m nodes, p ranks per node):
   factors (LL half of Simple's bus bandwidth on a ring, LL128 0.92; on a
   tree LL 1/3.8, LL128 7/9 in one node and 120/128 across nodes; a tree of
   one rank per node x 0.85). Small messages go LL, large ones Simple.
-  Left out: NCCL's absolute per-channel caps (llMaxBw, perChMax*: they
-  depend on the GPU generation and the channel count), the ring plateau
-  factor, NVLS / CollNet.
+  An inter-node ring's intra-node steps cost at least NCCL's network
+  overhead (1 us, 3 us for Simple; an x86 Intel host's value), and a Simple
+  ring all_reduce across nodes has the ring plateau's 1.4x latency (sm80
+  and newer) once each channel's share of a rank's data reaches 64 bytes
+  (32 channels assumed). Left out: NCCL's absolute per-channel caps
+  (llMaxBw, perChMax*: they depend on the GPU generation and the channel
+  count), NVLS / CollNet.
 - **gloo** runs a ring with one protocol (no tree): the same terms, no
   protocol switch.
 
@@ -98,6 +102,10 @@ TREE_CORRECTION = {
               .7, .7),
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 }
+#: getNetOverhead (x86 Intel; AMD 2 us) per protocol, microseconds: Simple pays it three times
+NET_OVERHEAD = {"LL": 1.0, "LL128": 1.0, "Simple": 3.0}
+#: the ring plateau's latency factor (minCompCap >= 80; 1.9 before) and the channels its threshold assumes
+RING_PLATEAU, RING_CHANNELS = 1.4, 32
 #: priors of the latency terms per backend (seconds; Ring / Simple, NVLink and network)
 PRIORS = {"nccl": {"base": BASE_LAT["ring"]["Simple"] * US, "intra_lat": HW_LAT["intra"]["ring"]["Simple"] * US,
                    "inter_lat": HW_LAT["inter"]["ring"]["Simple"] * US},
@@ -182,7 +190,17 @@ def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tu
             lat = np.stack([np.full_like(n, rb), np.zeros_like(n), np.zeros_like(n)], axis=1)
             byt = s * f / bwf
         elif c.algorithm == "ring":
-            lat = np.stack([np.full_like(n, rb), intra_steps * ri, inter_steps * rn], axis=1)
+            ri_c = ri
+            if backend == "nccl":
+                # an inter-node ring's intra-node steps cost at least the network's per-step overhead
+                # (tuning.cc: intraLat = max(intraLat, netOverhead), 1 us, x3 for Simple)
+                ri_c = np.where(multi, max(ri, NET_OVERHEAD[c.protocol] / ref_i), ri)
+            lat = np.stack([np.full_like(n, rb), intra_steps * ri_c, inter_steps * rn], axis=1)
+            if backend == "nccl" and c.protocol == "Simple" and c.algorithm == "ring":
+                # the ring's plateau (tuning.cc): Simple all_reduce across nodes, once each channel's
+                # share of each rank's data reaches 64 bytes, has 1.4x its latency (sm80 and newer)
+                plateau = multi & is_ar & (s / (RING_CHANNELS * n) >= 64)
+                lat = lat * np.where(plateau, RING_PLATEAU, 1.0)[:, None]
             byt = s * f / bwf
         else:                             # tree: all_reduce only
             lat = np.stack([np.full_like(n, rb), 2 * (p - 1) * ri, 2 * _log2i(m) * rn], axis=1)

@@ -65,15 +65,15 @@ def _out_of_place(row):
 def test_real_h100_logs_fitted_at_two_nodes_predict_four_times_the_ranks():
     """nccl-tests issue 309 (8 x H100, IB 400G): the 2-node runs (NCCL's
     default, and NCCL_ALGO=Ring) predict the 8-node run (4x the ranks) over
-    1 MiB - 1 GiB (the logs start at 1 MiB): median |error| 9.8 %, worst
-    26.7 % (1 MiB); a constant-busbw extrapolation 31.5 % / 50.8 %. Against
-    the out-of-place column alone the median is 9.1 % and the worst the
+    1 MiB - 1 GiB (the logs start at 1 MiB): median |error| 7.5 %, worst
+    24.7 % (1 MiB); a constant-busbw extrapolation 31.5 % / 50.8 %. Against
+    the out-of-place column alone the median is 7.5 % and the worst the
     log's 8 MiB outlier (1,272 us out of place, 321 us in place): 80 %."""
     model = _fit(H100_2N)
     assert model.best == "nccl" and model.fits["nccl"].status["inter_bw"] == "fitted"
     err, flat = _errors(model, "nccltests309-gjaion_8n_64g_allreduce.log")
     assert len(err) == 11
-    assert np.median(err) <= 10.0 and err.max() <= 27.0, err
+    assert np.median(err) <= 10.0 and err.max() <= 25.0, err
     assert np.median(flat) >= 25.0 and np.median(err) < np.median(flat) / 3, (err, flat)
     oop, _ = _errors(model, "nccltests309-gjaion_8n_64g_allreduce.log", truth=_out_of_place)
     assert np.median(oop) <= 10.0 and np.argmax(oop) == 3, oop      # the worst: the 8 MiB outlier
