@@ -190,7 +190,7 @@ def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tu
             lat = np.stack([np.full_like(n, rb), np.zeros_like(n), np.zeros_like(n)], axis=1)
             byt = s * f / bwf
         elif c.algorithm == "ring":
-            ri_c = ri
+            ri_c: Any = ri
             if backend == "nccl":
                 # an inter-node ring's intra-node steps cost at least the network's per-step overhead
                 # (tuning.cc: intraLat = max(intraLat, netOverhead), 1 us, x3 for Simple)
