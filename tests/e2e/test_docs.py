@@ -16,6 +16,12 @@ def test_the_site_builds_strictly(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for page in ("index.html", "findings/index.html", "cli/index.html", "gpu-check/index.html"):
         assert (tmp_path / "site" / page).exists(), page
+    # the Python API reference is rendered from the docstrings themselves
+    api = (tmp_path / "site" / "python-api" / "index.html").read_text()
+    from commprof import api as api_module
+
+    first = api_module.load.__doc__.split(".")[0].split("(")[0].strip()   # "Open one run"
+    assert first in api and "Comparison" in api and "set_run_info" in api
 
 
 def test_the_cli_reference_is_generated_from_the_parsers():

@@ -1,0 +1,147 @@
+"""Every ``commprof ...`` command the README and the user guide show is
+checked against the real command line: each one parses with commprof's own
+parser (its subcommand, options and choices exist), a synopsis line names a
+subcommand that exists, and the commands that read traces or logs run, on a
+DDP trace written here (``run``, ``run1`` ... stand for it) or on the
+repository's fixtures, and exit 0. What cannot run on this machine (a
+launcher of real training, a cluster, a GPU) says why, by rule below; the
+recording, bench, sweep and import commands themselves are exercised by
+their own end-to-end tests."""
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, venv_env
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import tracegen  # noqa: E402
+
+#: pages whose commands are checked (the CLI reference is generated from the parser itself)
+PAGES = ["README.md"] + sorted(p for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+                               if os.path.basename(p) not in ("cli.md", "benchmarks.md", "changelog.md"))
+#: names the docs use for a recorded run; the test writes one trace and gives it every name
+RUN_NAMES = ("run", "run1", "run2", "run4", "ddp/", "trace.parquet")
+#: why a command is not run here, by what it needs (the first rule that matches)
+NO_RUN = [
+    (re.compile(r"^commprof (record|sweep)\b"), "launches training (tests/record, tests/e2e/test_sweep.py run it)"),
+    (re.compile(r"^commprof bench\b"), "launches ranks (tests/e2e/test_bench.py, tests/cluster run it)"),
+    (re.compile(r"^commprof import\b"), "needs the user's logs or profiler traces (tests/convert run it)"),
+    (re.compile(r"^commprof predict /tmp/"), "needs the traces benchmarks/predict_validate.py writes"),
+    (re.compile(r"^commprof report (hvd|ds)/|^commprof report ddp/ hvd/"), "needs Horovod and DeepSpeed runs"),
+]
+
+
+def documented():
+    """(page:line, command) of every commprof command in a shell block."""
+    out = []
+    for page in PAGES:
+        lines = open(page).read().splitlines()
+        inside, lang, i = False, "", 0
+        while i < len(lines):
+            m = re.match(r"^\s*```(\w*)", lines[i])
+            if m:
+                inside, lang = not inside, m.group(1)
+            elif inside and lang in ("sh", "bash", "shell", "console", ""):
+                s = lines[i].strip()
+                s = s[2:] if s.startswith("$ ") else s
+                if s.startswith("commprof "):
+                    where = f"{os.path.relpath(page, ROOT)}:{i + 1}"
+                    while s.endswith("\\") and i + 1 < len(lines):
+                        i += 1
+                        s = s[:-1] + " " + lines[i].strip()
+                    out.append((where, s))
+            i += 1
+    return out
+
+
+def _strip_comment(cmd: str) -> str:
+    return re.sub(r"\s+#\s.*$", "", cmd).strip()
+
+
+def _is_synopsis(cmd: str) -> bool:
+    return "[" in cmd.replace("$(", "") and "$(" not in cmd or "..." in cmd
+
+
+COMMANDS = documented()
+
+
+def test_the_docs_show_commands_at_all():
+    assert len(COMMANDS) >= 30 and any(w.startswith("README.md") for w, _ in COMMANDS)
+
+
+@pytest.mark.parametrize("where, cmd", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_every_documented_command_parses(where, cmd):
+    from commprof.cli import build_parser
+
+    parser = build_parser()
+    cmd = _strip_comment(cmd)
+    subcommands = set(parser._subparsers._group_actions[0].choices)   # type: ignore[union-attr]
+    words = shlex.split(re.sub(r"\$\(.*\)", "X", cmd))      # a shell substitution: one word
+    assert words[1] in subcommands, f"{where}: no subcommand {words[1]!r}"
+    if _is_synopsis(cmd):
+        return
+    argv = words[1:]
+    if argv[0] == "sweep" and "--" in argv:
+        argv = argv[:argv.index("--")]
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exc:
+        pytest.fail(f"{where}: `{cmd}` does not parse (exit {exc.code})")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A 4-rank DDP trace, written once, under every name the docs give a run."""
+    d = tmp_path_factory.mktemp("docs")
+    path = d / "demo.parquet"
+    tracegen.write_run(path, {r: tracegen.ddp_rank(r, 4, 12, arrive_ms=r * 0.5) for r in range(4)})
+    return str(d), str(path)
+
+
+def _runnable():
+    out = []
+    for where, cmd in COMMANDS:
+        cmd = _strip_comment(cmd)
+        if _is_synopsis(cmd) or any(rule.search(cmd) for rule, _ in NO_RUN):
+            continue
+        out.append((where, cmd))
+    return out
+
+
+RUNNABLE = _runnable()
+
+
+def test_what_is_not_run_says_why_and_the_quick_start_runs():
+    ran = {c for _, c in RUNNABLE}
+    assert "commprof report run" in ran                       # the README's second command
+    assert any(c.startswith("commprof model tests/fixtures/") for c in ran)
+    for where, cmd in COMMANDS:
+        cmd = _strip_comment(cmd)
+        if _is_synopsis(cmd) or cmd in ran:
+            continue
+        assert any(rule.search(cmd) for rule, why in NO_RUN if why), f"{where}: `{cmd}` neither runs nor says why"
+
+
+@pytest.mark.parametrize("where, cmd", RUNNABLE, ids=[w for w, _ in RUNNABLE])
+def test_documented_commands_run(where, cmd, demo, tmp_path):
+    folder, trace = demo
+    words = shlex.split(cmd)[1:]
+    out = []
+    for w in words:
+        if w in RUN_NAMES or w.rstrip("/") in RUN_NAMES:
+            out.append(trace)
+        elif w.endswith((".html", ".json")) and not os.path.exists(os.path.join(ROOT, w)):
+            out.append(str(tmp_path / os.path.basename(w)))      # an output file: written here
+        else:
+            out.append(w)
+    line = shlex.join([sys.executable, "-m", "commprof", *out])
+    # globs in the docs (nccl-tests logs) are the shell's: run through bash, from the repository root
+    proc = subprocess.run(["bash", "-c", line.replace("'", "") if "*" in line else line], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=venv_env())
+    assert proc.returncode == 0, f"{where}: `{cmd}`\n{proc.stderr[-2000:]}"
+    assert proc.stdout.strip() or any(w.endswith((".html", ".json")) for w in out), where
