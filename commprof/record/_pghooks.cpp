@@ -142,6 +142,7 @@ struct State {
   int64_t next_seq = 0;
   int64_t last_issue = 0;
   std::unordered_map<int64_t, Row> issued;  // op_id -> row, until the post-hook
+  int64_t awaiting = 0;                      // past the post-hook, completion not yet in `done`
   std::vector<Row> done;
   std::atomic<bool> enabled{true};
   std::string group;                                // for the ring
@@ -187,6 +188,7 @@ class GroupHooks {
         }
         r = it->second;
         st->issued.erase(it);
+        st->awaiting++;  // in flight until its completion is in `done`
       }
       c10::intrusive_ptr<c10::ivalue::Future> fut;
       try {
@@ -201,6 +203,7 @@ class GroupHooks {
         ring_done(r);
         std::lock_guard<std::mutex> g(st->mu);
         st->done.push_back(r);
+        st->awaiting--;
         return;
       }
       // registered from inside the issuing call, before the Reducer chains
@@ -210,6 +213,7 @@ class GroupHooks {
         ring_done(r);
         std::lock_guard<std::mutex> g(st->mu);
         st->done.push_back(r);
+        st->awaiting--;
       });
     });
   }
@@ -253,9 +257,10 @@ class GroupHooks {
     return st_->last_issue;
   }
 
+  // issued and not yet in the buffer (before the post-hook, or waiting for its future)
   size_t in_flight() {
     std::lock_guard<std::mutex> g(st_->mu);
-    return st_->issued.size();
+    return st_->issued.size() + static_cast<size_t>(st_->awaiting);
   }
 
   void set_enabled(bool on) { st_->enabled.store(on); }
