@@ -206,6 +206,30 @@ def _attribute(df: pd.DataFrame, unit: str, unit_advice: str, link_advice: str):
     return table, findings, slow_pair.to_numpy()
 
 
+SAMPLE_COLUMNS = ["round", "a", "b", "host_a", "host_b", "kind", "iteration", "bytes", "seconds"]
+
+
+def samples_from_events(ev: pd.DataFrame, hosts: Dict[int, str]) -> pd.DataFrame:
+    """The samples of a pairs bench from its trace (``commprof bench --pairs
+    -o DIR``): one event per rank and exchange (step = round, group ``pair
+    A-B``, detail bw / lat, seq = iteration); per exchange the slower side,
+    as the bench itself takes it."""
+    c = ev[ev["group"].astype(str).str.startswith("pair ")]
+    if c.empty:
+        return pd.DataFrame(columns=SAMPLE_COLUMNS)
+    d = pd.DataFrame({"round": c["step"].to_numpy(np.int64), "group": c["group"].astype(str).to_numpy(),
+                      "kind": c["detail"].astype(str).to_numpy(), "iteration": c["seq"].to_numpy(np.int64),
+                      "bytes": c["bytes"].to_numpy(np.int64),
+                      "seconds": (c["t_end"].to_numpy(np.int64) - c["t_start"].to_numpy(np.int64)) / 1e9})
+    d = d.groupby(["round", "group", "kind", "iteration"], as_index=False).agg(bytes=("bytes", "max"),
+                                                                              seconds=("seconds", "max"))
+    ab = d["group"].str.slice(5).str.split("-", expand=True).astype(np.int64)
+    d["a"], d["b"] = ab[0], ab[1]
+    d["host_a"] = [hosts.get(int(r), "?") for r in d["a"]]
+    d["host_b"] = [hosts.get(int(r), "?") for r in d["b"]]
+    return d[SAMPLE_COLUMNS].sort_values(["round", "a", "b", "kind", "iteration"], ignore_index=True)
+
+
 def matrix(pairs: pd.DataFrame) -> pd.DataFrame:
     """Node x node median bandwidth (GB/s each way) of the inter-node pairs;
     rank x rank where only one node was measured."""

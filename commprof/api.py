@@ -432,6 +432,8 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
     from .analyzers.report import build_report
 
     traces = join_jobs([_one(p) for p in _expand(paths)])
+    if len(traces) == 1 and is_bench(traces[0]) and traces[0].meta.get("bench_mode") == "pairs":
+        return pairs_of(traces[0]), []
     if traces and all(is_bench(t) for t in traces):
         return model(traces), []
     if any(is_bench(t) for t in traces):
@@ -449,6 +451,26 @@ def _comm_frame(t: "Trace") -> pd.DataFrame:
                                                "dev_end", "bytes", "dtype", "group", "group_size", "seq",
                                                "blocking"])
     return ev
+
+
+def pairs_of(t: "Trace"):
+    """The report of a pairs bench's trace (``commprof bench --pairs -o DIR``),
+    rebuilt from its exchanges."""
+    from .analyzers.pairs import samples_from_events
+    from .analyzers.report import pairs_report
+
+    hosts = {int(r["rank"]): str(r.get("host") or "?") for r in t.ranks}
+    ev = t.filter(categories=["comm"]).events(["rank", "step", "name", "detail", "t_start", "t_end", "bytes",
+                                               "group", "seq"])
+    samples = samples_from_events(ev, hosts)
+    world = int(t.meta.get("world_size") or len(hosts))
+    names = [hosts.get(r, "?") for r in range(world)]
+    bw = samples[samples["kind"] == "bw"]
+    doc = {"world_size": world, "hosts": names, "rounds": sorted(set(samples["round"].tolist())),
+           "samples": samples.to_dict("records"),
+           "bytes": int(bw["bytes"].max()) if len(bw) else 0,
+           "iters": int(bw["iteration"].max()) + 1 if len(bw) else 0, "warmup": "?"}
+    return pairs_report(doc)
 
 
 def is_bench(t: "Trace") -> bool:

@@ -106,7 +106,8 @@ def _merge_bench(out_dir: str, doc: Dict[str, Any], cmd: List[str]) -> None:
     from ..trace.parquet import TRACE_FILE
 
     shard_dir = os.path.join(out_dir, "shards")
-    base = {"source": "bench", "run_id": uuid.uuid4().hex[:12], "command": cmd, "launcher": "bench",
+    base = {"source": "bench", "bench_mode": doc.get("mode") or "collectives", "run_id": uuid.uuid4().hex[:12],
+            "command": cmd, "launcher": "bench",
             "backend": doc.get("backend"), "device": doc.get("device"), "framework": "bench",
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     merge(shard_dir, os.path.join(out_dir, TRACE_FILE), base)
@@ -151,10 +152,10 @@ def bench(args) -> int:
         with open(out) as fh:
             doc = json.load(fh)
     doc["source"] = "bench"
-    if doc.get("mode") == "pairs":
-        return _pairs_out(doc, args)
     if out_dir:
         _merge_bench(out_dir, doc, cmd)
+    if doc.get("mode") == "pairs":
+        return _pairs_out(doc, args)
     sys.stdout.write(table(doc))
     sys.stdout.write(extras_table(doc))
     if args.json:

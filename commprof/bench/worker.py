@@ -25,7 +25,7 @@ import socket
 import statistics
 import sys
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 DTYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double", "int32": "int32"}
@@ -402,6 +402,8 @@ def _pairs_main(torch, dist, device, rank, world, backend, args) -> int:
     big_in = torch.empty_like(big)
     small, small_in = torch.ones(2, device=device), torch.empty(2, device=device)
     mine = []   # (round, a, b, kind, iteration, bytes, seconds)
+    events = []  # this rank's exchanges for the trace: (op, kind, t0, t1, bytes, dtype, seq, round, group)
+    wall0, mono0 = time.time_ns(), time.monotonic_ns()
 
     def exchange(peer, out, into):
         for req in (dist.isend(out, peer), dist.irecv(into, peer)):
@@ -417,10 +419,15 @@ def _pairs_main(torch, dist, device, rank, world, backend, args) -> int:
                 for _ in range(args.warmup):
                     exchange(peer, out, into)
                 for i in range(iters):
-                    t0 = time.perf_counter()
+                    t0, m0 = time.perf_counter(), time.monotonic_ns()
                     exchange(peer, out, into)
                     mine.append((k, pair[0], pair[1], kind, i, out.numel() * 4, time.perf_counter() - t0))
+                    events.append(("send_recv", kind, m0, time.monotonic_ns(), out.numel() * 4, "torch.float32",
+                                   i, k, f"pair {pair[0]}-{pair[1]}"))
         dist.barrier()
+    if args.trace_dir:
+        _write_shard(args.trace_dir, events, rank, world, int(os.environ.get("LOCAL_RANK", "0")), backend, device,
+                     wall0, mono0, group_size=2)
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -444,17 +451,21 @@ def _pairs_main(torch, dist, device, rank, world, backend, args) -> int:
     return 0
 
 
-def _write_shard(folder, events, rank, world, local, backend, device, wall0, mono0) -> None:
+def _write_shard(folder, events, rank, world, local, backend, device, wall0, mono0,
+                 group_size: Optional[int] = None) -> None:
     """This rank's timed calls as a commprof shard: one comm event per call
-    (source ``bench``, detail out_of_place / in_place, group ``bench``)."""
+    (source ``bench``, detail out_of_place / in_place, group ``bench``); with
+    ``--pairs`` one per exchange (op send_recv, detail bw / lat, the round as
+    the step, the iteration as seq, group ``pair A-B``)."""
     import socket
 
     from commprof.trace.journal import shard_name
     from commprof.trace.parquet import write_trace
     from commprof.trace.schema import Event, rows_to_table
 
-    rows = [Event(0, "comm", op, "bench", mode, t0, t1, bytes=nbytes, dtype=dtype, group="bench",
-                  group_size=world, seq=k, blocking=True) for op, mode, t0, t1, nbytes, dtype, k in events]
+    rows = [Event(e[7] if len(e) > 7 else 0, "comm", e[0], "bench", e[1], e[2], e[3], bytes=e[4], dtype=e[5],
+                  group=e[8] if len(e) > 8 else "bench", group_size=group_size or world, seq=e[6], blocking=True)
+            for e in events]
     host, pid = socket.gethostname(), os.getpid()
     meta = {"rank": rank, "world_size": world, "local_rank": local, "host": host, "pid": pid,
             "rank_source": "bench", "status": "complete", "backend": backend, "device": str(device),

@@ -119,3 +119,31 @@ def test_model_of_a_training_run_and_mixing_is_refused(tmp_path):
                             "--warmup", "1", "-o", str(b)), timeout=300).returncode == 0
     mixed = run(commprof_cmd("report", out, str(b)))
     assert mixed.returncode == 2 and "reported on their own" in mixed.stderr
+
+
+def test_pairs_bench_writes_a_trace_that_reports_the_same_pairs(tmp_path):
+    """`commprof bench --pairs -o DIR`: every exchange is an event of a
+    commprof trace (the round its step, the iteration its seq); `commprof
+    report DIR` rebuilds the same pairs as the JSON's samples give."""
+    import json
+
+    import commprof
+    from commprof.analyzers.report import pairs_report
+
+    out, js = tmp_path / "pairs", tmp_path / "pairs.json"
+    proc = run(commprof_cmd("bench", "--pairs", "--nproc", "3", "--iters", "3", "--warmup", "1",
+                            "--pairs-bytes", "1M", "-o", str(out), "--json", str(js)), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = commprof.load(str(out))
+    assert t.meta["source"] == "bench" and t.meta["bench_mode"] == "pairs"
+    ev = t.events()
+    # 3 ranks: 3 rounds, one rank idle in each; per pair 3 bandwidth and 6 latency exchanges, on both sides
+    assert sorted(set(ev["step"])) == [0, 1, 2] and len(ev) == 3 * (3 + 6) * 2
+    from_trace = t.report().tables["pairs"].frame.set_index(["a", "b"])
+    from_json = pairs_report(json.loads(js.read_text())).tables["pairs"].frame.set_index(["a", "b"])
+    assert list(from_trace.index) == list(from_json.index) == [(0, 1), (0, 2), (1, 2)]
+    # the two clocks read beside each other around the same exchanges
+    ratio = from_trace["bw_GBps"] / from_json["bw_GBps"]
+    assert ratio.between(0.97, 1.03).all(), (from_trace, from_json)
+    proc = run(commprof_cmd("report", str(out)))
+    assert proc.returncode == 0 and "Every pair measured" in proc.stdout, proc.stderr
