@@ -32,6 +32,10 @@ import pandas as pd
 
 from .codes import str_codes
 
+#: at most about this many collective calls are read for the alignment: past it, every k-th instance
+#: (by sequence number, all its ranks together), which the table's method column states
+MAX_ALIGN_CALLS = 1_000_000
+
 ALIGN_COLUMNS = ["host", "ranks", "offset_ms", "wall_guess_ms", "correction_ms", "uncertainty_ms",
                  "feasible_lo_ms", "feasible_hi_ms", "instances", "violations", "method"]
 
@@ -93,6 +97,8 @@ def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[in
                              "wall clock (no shared collective)"))
             continue
         off, unc, feasible, n, method = est
+        if pairs.attrs.get("stride", 1) > 1:
+            method += f"; one instance in {pairs.attrs['stride']} (of {len(comm):,} calls)"
         dom_off[d] = off
         rows.append(_row(d, ranks, off, guess, unc, feasible, n, method))
     offsets = {r: dom_off[d] for r, d in dom.items()}
@@ -134,6 +140,10 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]
     seq = comm["seq"]
     ok = (dcode >= 0) & seq.notna().to_numpy() & comm["group"].notna().to_numpy()
     blocking = comm["blocking"].fillna(False).to_numpy(bool) if "blocking" in comm else np.zeros(len(comm), bool)
+    stride = 1
+    if int(ok.sum()) > MAX_ALIGN_CALLS:      # a sample of whole instances: every stride-th sequence number
+        stride = -(-int(ok.sum()) // MAX_ALIGN_CALLS)
+        ok &= np.nan_to_num(seq.to_numpy(np.float64)) % stride == 0
     grp, sq, dm = gcodes[ok], seq.to_numpy()[ok].astype(np.int64), dcode[ok]
     t0 = comm["t_start"].to_numpy()[ok].astype(np.int64)
     t1 = comm["t_end"].to_numpy()[ok].astype(np.int64)
@@ -141,6 +151,12 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]
     cols = ["group", "seq", "dom", "min_start", "max_start", "min_end", "max_end", "med_end", "blocking"]
     if not len(grp):
         return pd.DataFrame(columns=cols)
+    out = _reduce_instances(grp, sq, dm, t0, t1, blk, cols)
+    out.attrs["stride"] = stride
+    return out
+
+
+def _reduce_instances(grp, sq, dm, t0, t1, blk, cols) -> pd.DataFrame:
     # one sort by (group, seq, dom, completion): groups are runs, the median is read off each run's middle
     sq0 = sq - sq.min()
     n_dom = int(dm.max()) + 1

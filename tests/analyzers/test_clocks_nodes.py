@@ -47,6 +47,21 @@ def test_offset_found_and_wall_clock_error_corrected():
     assert t.loc["a", "method"] == "reference"
 
 
+def test_past_the_call_budget_whole_instances_are_sampled_and_said(monkeypatch):
+    """A large trace aligns on one instance in k (all ranks of each): the
+    offset stays within its stated uncertainty of the full alignment's, the
+    causality interval still holds the truth, and the method says so."""
+    comm = comm_rows(n=2000, seed=3)
+    full_off, full = clocks.align(comm, metas())
+    monkeypatch.setattr(clocks, "MAX_ALIGN_CALLS", 1000)
+    off, table = clocks.align(comm, metas())
+    b = table.set_index("host").loc["b"]
+    assert b["instances"] == 500 and "one instance in 4 (of 4,000 calls)" in b["method"]
+    assert abs(off[1] - full_off[1]) / 1e6 <= 3 * b["uncertainty_ms"]
+    assert b["feasible_lo_ms"] <= -1_000_000.0 <= b["feasible_hi_ms"] and b["violations"] == 0
+    assert "one instance in" not in full.set_index("host").loc["b", "method"]
+
+
 def test_causality_violations_are_counted_for_a_bad_offset():
     comm = comm_rows()
     dom = {0: ("a", "same"), 1: ("b", "same")}
