@@ -97,8 +97,9 @@ def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[in
                              "wall clock (no shared collective)"))
             continue
         off, unc, feasible, n, method = est
-        if pairs.attrs.get("stride", 1) > 1:
-            method += f"; one instance in {pairs.attrs['stride']} (of {len(comm):,} calls)"
+        stride = pairs.attrs.get("stride", 1) if pairs is not None else 1
+        if stride > 1 and comm is not None:
+            method += f"; one instance in {stride} (of {len(comm):,} calls)"
         dom_off[d] = off
         rows.append(_row(d, ranks, off, guess, unc, feasible, n, method))
     offsets = {r: dom_off[d] for r, d in dom.items()}
