@@ -445,12 +445,22 @@ class CollectiveStats:
             return []
         g = multi["group"].value_counts().index[0]
         last = multi[multi["group"] == g].sort_values("seq")["last_rank"].to_numpy(dtype=np.int64)
-        out: List[Optional[int]] = []
-        for block in np.array_split(last, min(n_blocks, len(last))):
-            vals, counts = np.unique(block, return_counts=True)
-            top = counts.max()
-            out.append(int(vals[counts.argmax()]) if (counts == top).sum() == 1 else None)
-        return out
+        # np.array_split's blocks: the first len % n one longer; one pass over (block, rank) counts
+        n = min(n_blocks, len(last))
+        size, extra = divmod(len(last), n)
+        sizes = np.full(n, size)
+        sizes[:extra] += 1
+        block = np.repeat(np.arange(n), sizes)
+        width = int(last.max()) + 1
+        keys, counts = np.unique(block * width + last, return_counts=True)
+        kb, kr = keys // width, keys % width
+        starts = np.flatnonzero(np.r_[True, kb[1:] != kb[:-1]])
+        top = np.maximum.reduceat(counts, starts)
+        at_top = counts == np.repeat(top, np.diff(np.r_[starts, len(kb)]))
+        ties = np.bincount(kb[at_top], minlength=n)
+        winner = np.full(n, -1, np.int64)
+        winner[kb[at_top]] = kr[at_top]
+        return [int(w) if t == 1 else None for w, t in zip(winner, ties)]
 
     def rank_lateness(self) -> pd.DataFrame:
         """Per rank: mean lateness (ms) of its arrival behind the earliest

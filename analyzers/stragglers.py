@@ -74,10 +74,10 @@ def wide(values: pd.DataFrame):
     every unit measured (a unit's repeated rows at one step averaged)."""
     units, ui = np.unique(values["unit"].to_numpy(), return_inverse=True)
     steps, si = np.unique(values["step"].to_numpy(), return_inverse=True)
-    tot = np.zeros((len(steps), len(units)))
-    cnt = np.zeros((len(steps), len(units)))
-    np.add.at(tot, (si, ui), values["v"].to_numpy(dtype=np.float64))
-    np.add.at(cnt, (si, ui), 1.0)
+    cell = si.astype(np.int64) * len(units) + ui
+    size = len(steps) * len(units)
+    tot = np.bincount(cell, weights=values["v"].to_numpy(dtype=np.float64), minlength=size).reshape(len(steps), -1)
+    cnt = np.bincount(cell, minlength=size).reshape(len(steps), -1).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         m = tot / cnt
     return units, m[~np.isnan(m).any(axis=1)]
