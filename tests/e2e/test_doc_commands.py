@@ -25,13 +25,16 @@ import tracegen  # noqa: E402
 PAGES = ["README.md"] + sorted(p for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
                                if os.path.basename(p) not in ("cli.md", "benchmarks.md", "changelog.md"))
 #: names the docs use for a recorded run; the test writes one trace and gives it every name
-RUN_NAMES = ("run", "run1", "run2", "run4", "ddp/", "trace.parquet")
+RUN_NAMES = ("run", "run1", "run2", "run4", "run_a", "run_b", "ddp/", "trace.parquet")
 #: why a command is not run here, by what it needs (the first rule that matches)
 NO_RUN = [
     (re.compile(r"^commprof (record|sweep)\b"), "launches training (tests/record, tests/e2e/test_sweep.py run it)"),
     (re.compile(r"^commprof bench\b"), "launches ranks (tests/e2e/test_bench.py, tests/cluster run it)"),
     (re.compile(r"^commprof import\b"), "needs the user's logs or profiler traces (tests/convert run it)"),
     (re.compile(r"^commprof predict /tmp/"), "needs the traces benchmarks/predict_validate.py writes"),
+    (re.compile(r"^commprof predict run"), "needs runs at several GPU counts (tests/analyzers/test_replay.py runs it)"),
+    (re.compile(r"^commprof model all_reduce_perf\.log"), "needs the user's nccl-tests log (the fixtures' run below)"),
+    (re.compile(r"^commprof merge\b"), "needs a folder of unmerged node shards (tests/cluster run it)"),
     (re.compile(r"^commprof report (hvd|ds)/|^commprof report ddp/ hvd/"), "needs Horovod and DeepSpeed runs"),
 ]
 
@@ -55,6 +58,10 @@ def documented():
                         i += 1
                         s = s[:-1] + " " + lines[i].strip()
                     out.append((where, s))
+            elif not inside and lines[i].startswith("|") and page.endswith("README.md"):
+                # the example column of the README's table of commands
+                for m in re.finditer(r"`(commprof [^`]+)`", lines[i].split("|")[-2] if lines[i].count("|") > 2 else ""):
+                    out.append((f"{os.path.relpath(page, ROOT)}:{i + 1}", m.group(1)))
             i += 1
     return out
 
@@ -135,7 +142,7 @@ def test_documented_commands_run(where, cmd, demo, tmp_path):
     for w in words:
         if w in RUN_NAMES or w.rstrip("/") in RUN_NAMES:
             out.append(trace)
-        elif w.endswith((".html", ".json")) and not os.path.exists(os.path.join(ROOT, w)):
+        elif w.endswith((".html", ".json", ".gz")) and not os.path.exists(os.path.join(ROOT, w)):
             out.append(str(tmp_path / os.path.basename(w)))      # an output file: written here
         else:
             out.append(w)
@@ -144,4 +151,4 @@ def test_documented_commands_run(where, cmd, demo, tmp_path):
     proc = subprocess.run(["bash", "-c", line.replace("'", "") if "*" in line else line], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=venv_env())
     assert proc.returncode == 0, f"{where}: `{cmd}`\n{proc.stderr[-2000:]}"
-    assert proc.stdout.strip() or any(w.endswith((".html", ".json")) for w in out), where
+    assert proc.stdout.strip() or any(w.endswith((".html", ".json", ".gz")) for w in out), where
