@@ -71,7 +71,8 @@ class HtmlRenderer(Renderer):
         body: List[str] = [f"<h1>{esc(report.title)}</h1>"]
         if report.runs:
             body.append("<p>Runs: " + "; ".join(
-            esc(f"{r.get('path', '?')} ({r.get('world_size', '?')} ranks, {r.get('launcher', '?')})")
+            esc(f"{r.get('path', '?')} ({r.get('world_size', '?')} rank{'' if r.get('world_size') == 1 else 's'}, "
+                f"{r.get('launcher', '?')})")
                 for r in report.runs) + "</p>")
         for i, (title, how, fig) in enumerate(figs):
             body.append(f"<h2>{esc(title)}</h2><p class='how'>{esc(how)}</p><div class='fig' id='fig{i}'></div>")
