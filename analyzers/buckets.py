@@ -43,18 +43,38 @@ def _union_ns(df: pd.DataFrame) -> pd.Series:
     return pd.Series(length, index=pd.MultiIndex.from_arrays([d["rank"], d["step"]])).groupby(level=[0, 1]).sum()
 
 
-def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS):
-    """(phases, grads) of the measured steps of the ranks in ``ev`` (events:
-    rank, step, category, name, source, t_start, t_end, bytes, blocking;
-    ``steps``: the measured (rank, step) pairs, ``t_start``/``t_end``)."""
-    key = ["rank", "step"]
+def sampled_steps(steps: pd.DataFrame, max_steps: int = MAX_STEPS) -> pd.DataFrame:
+    """The measured steps the fine grain reads: an even sample of at most
+    ``max_steps`` per rank (every stride-th in step order). Columns rank,
+    step, s0, s1 (the step's start and end)."""
     st = steps[["rank", "step", "t_start", "t_end"]].rename(columns={"t_start": "s0", "t_end": "s1"})
-    st = st.sort_values(key)
-    # bounded: an even sample of at most max_steps per rank
+    st = st.sort_values(["rank", "step"])
     pos = st.groupby("rank").cumcount()
     n = st.groupby("rank")["step"].transform("size")
     stride = np.ceil(n / max_steps).astype(int).clip(lower=1)
-    st = st[(pos % stride) == 0]
+    return st[(pos % stride) == 0]
+
+
+def in_steps(rank: np.ndarray, step: np.ndarray, st: pd.DataFrame) -> np.ndarray:
+    """Mask of the events whose (rank, step) is one of ``st``'s rows (one
+    sorted search of int64 keys: no per-row Python, no string columns)."""
+    if st.empty or not len(rank):
+        return np.zeros(len(rank), bool)
+    lo = int(min(st["step"].min(), step.min()))
+    keys = np.sort((st["rank"].to_numpy(np.int64) << 32) | (st["step"].to_numpy(np.int64) - lo))
+    ek = (rank.astype(np.int64) << 32) | (step.astype(np.int64) - lo)
+    pos = np.minimum(np.searchsorted(keys, ek), len(keys) - 1)
+    return keys[pos] == ek
+
+
+def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS):
+    """(phases, grads) of the measured steps of the ranks in ``ev`` (events:
+    rank, step, category, name, source, t_start, t_end, bytes, blocking;
+    ``steps``: the measured (rank, step) pairs, ``t_start``/``t_end``).
+    Events of steps outside :func:`sampled_steps` are ignored (a caller
+    with big chunks filters them first with :func:`in_steps`)."""
+    key = ["rank", "step"]
+    st = sampled_steps(steps, max_steps)
     if st.empty:
         return pd.DataFrame(columns=PHASE_COLUMNS), pd.DataFrame(columns=GRAD_COLUMNS)
     ev = ev.merge(st[key], on=key, how="inner").reset_index(drop=True)

@@ -35,3 +35,19 @@ def host_codes(ranks: np.ndarray, hosts: Dict[int, str]) -> np.ndarray:
         if 0 <= int(rank) < len(lut):
             lut[int(rank)] = code[h]
     return lut[r]
+
+
+def int_codes(values) -> tuple:
+    """(sorted distinct values, the index of each row's value among them):
+    ``np.unique(values, return_inverse=True)`` for integers, by counting
+    when their range is small (no sort of the rows)."""
+    v = np.asarray(values)
+    if not len(v) or v.dtype.kind not in "iu":
+        return np.unique(v, return_inverse=True)
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo > max(4 * len(v), 1 << 16):
+        return np.unique(v, return_inverse=True)
+    present = np.bincount(v - lo, minlength=hi - lo + 1) > 0
+    rank = np.cumsum(present) - 1
+    return (np.flatnonzero(present) + lo).astype(v.dtype), rank[v - lo]
+

@@ -103,6 +103,13 @@ def _num(table, name, dtype, fill):
     return col.to_numpy().astype(dtype, copy=False)
 
 
+def _table(comm):
+    """An Arrow table of comm rows (a DataFrame converted)."""
+    import pyarrow as pa
+
+    return comm if isinstance(comm, pa.Table) else pa.Table.from_pandas(comm, preserve_index=False)
+
+
 def _groups(key: np.ndarray):
     """(key value, indices) for each distinct key (sort-based)."""
     order = np.argsort(key, kind="stable")
@@ -131,9 +138,10 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     mx = a["max_start"][order]
     top = np.maximum.reduceat(mx, first)
     sizes = np.diff(np.r_[first, len(key)])
+    inst = np.repeat(np.arange(len(first)), sizes)   # instance of each sorted row
     # the latest issuer: last row of each instance that holds its maximum
-    hit = np.flatnonzero(mx == np.repeat(top, sizes))
-    which = np.searchsorted(first, hit, side="right") - 1
+    hit = np.flatnonzero(mx == top[inst])
+    which = inst[hit]
     at = np.zeros(len(first), np.int64)
     at[which] = hit                               # later hits overwrite earlier ones
     # ranks holding the smallest / largest message (mismatch diagnosis)
@@ -142,19 +150,19 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     top_b = np.fmax.reduceat(by, first)
     low_b = np.fmin.reduceat(mnb, first)
     at_max = np.zeros(len(first), np.int64)
-    h = np.flatnonzero(by == np.repeat(top_b, sizes))
-    at_max[np.searchsorted(first, h, side="right") - 1] = h
+    h = np.flatnonzero(by == top_b[inst])
+    at_max[inst[h]] = h
     at_min = np.zeros(len(first), np.int64)
-    h = np.flatnonzero(mnb == np.repeat(low_b, sizes))
-    at_min[np.searchsorted(first, h, side="right") - 1] = h
+    h = np.flatnonzero(mnb == low_b[inst])
+    at_min[inst[h]] = h
 
     def extreme(field, reduce):
         """Per instance: the min / max of a code field and the rank holding it."""
         v = a[field][order]
         best = reduce.reduceat(v, first)
         at_ = np.zeros(len(first), np.int64)
-        hit_ = np.flatnonzero(v == np.repeat(best, sizes))
-        at_[np.searchsorted(first, hit_, side="right") - 1] = hit_
+        hit_ = np.flatnonzero(v == best[inst])
+        at_[inst[hit_]] = hit_
         return best, a[field + "_rank"][order[at_]]
 
     codes = {}
@@ -203,27 +211,38 @@ class CollectiveStats:
 
     # -- accumulation --------------------------------------------------------
     def add(self, comm, offsets: Optional[Dict[int, int]] = None) -> None:
-        """Fold collective events (an Arrow table or DataFrame of comm rows)."""
-        import pyarrow as pa
+        """Fold collective events (an Arrow table or DataFrame of comm rows):
+        the per-call sketches and the per-instance aggregates."""
+        comm = _table(comm)
+        self.add_calls_of(comm)
+        self.add_instances_of(comm, offsets)
 
-        if not isinstance(comm, pa.Table):
-            comm = pa.Table.from_pandas(comm, preserve_index=False)
-        n = comm.num_rows
-        if n == 0:
-            return
+    def _times(self, comm):
+        """(op codes, ops, source codes, sources, issue, completion, latency
+        ns, bytes, group size): completion and latency on the device where
+        measured, the issue the host's call."""
         op_codes, ops = _codes(comm.column("name"))
         src_codes, srcs = _codes(comm.column("source"))
         t0 = _num(comm, "t_start", np.int64, 0)
         t1 = _num(comm, "t_end", np.int64, 0)
         dev = device_times(comm)
-        if dev is not None:  # latency and completion on the device; issue stays the host's call
+        if dev is not None:
             d0, d1, has = dev
             lat_ns = np.where(has, d1 - d0, t1 - t0)
             t1 = np.where(has, d1, t1)
         else:
             lat_ns = t1 - t0
-        nbytes = _num(comm, "bytes", np.float64, np.nan)
-        gsize = _num(comm, "group_size", np.float64, np.nan)
+        return (op_codes, ops, src_codes, srcs, t0, t1, lat_ns, _num(comm, "bytes", np.float64, np.nan),
+                _num(comm, "group_size", np.float64, np.nan))
+
+    def add_calls_of(self, comm) -> None:
+        """Fold the per (op, source, size bucket) sketches of latency and
+        bandwidth. Needs no clock offsets: a multi-host run folds them while
+        the trace is read and the instances once the clocks are aligned."""
+        comm = _table(comm)
+        if comm.num_rows == 0:
+            return
+        op_codes, ops, src_codes, srcs, _t0, _t1, lat_ns, nbytes, gsize = self._times(comm)
         lat_s = lat_ns.astype(np.float64) / 1e9
         with np.errstate(divide="ignore", invalid="ignore"):
             algbw = np.where(lat_s > 0, nbytes / lat_s / 1e9, np.nan)
@@ -235,7 +254,16 @@ class CollectiveStats:
             b = int(key[sel[0]] % 64)
             bus = algbw[sel] * bus_factor(op, gsize[sel])
             self._fold(op, source, b, lat_s[sel] * 1e3, algbw[sel], bus, nbytes[sel], gsize[sel])
+
+    def add_instances_of(self, comm, offsets: Optional[Dict[int, int]] = None) -> None:
+        """Fold the per-instance aggregates (group, seq) on clocks shifted by
+        ``offsets`` (rank -> ns)."""
+        comm = _table(comm)
+        n = comm.num_rows
+        if n == 0:
+            return
         if "seq" in comm.column_names and "group" in comm.column_names:
+            op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = self._times(comm)
             rank = _num(comm, "rank", np.int64, 0)
             if offsets:
                 ur, inv = np.unique(rank, return_inverse=True)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.ops import bus_factor
-from .codes import host_codes as _host_codes, str_codes as _str_codes
+from .codes import host_codes as _host_codes, int_codes, str_codes as _str_codes
 from .evidence import format_p
 from .stragglers import sign_tests
 
@@ -47,7 +47,7 @@ def group_scope(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> Dict[str
     gcodes, gnames = _str_codes(comm["group"])
     hcode = _host_codes(comm["rank"].to_numpy(), hosts)
     width = int(hcode.max()) + 1 if len(hcode) else 1
-    pairs = np.unique(gcodes.astype(np.int64) * width + hcode)
+    pairs = int_codes(gcodes.astype(np.int64) * width + hcode)[0]
     n_hosts = np.bincount(pairs // width, minlength=len(gnames))
     return {g: ("inter-node" if n_hosts[i] > 1 else "intra-node") for i, g in enumerate(gnames)
             if n_hosts[i] > 0}
@@ -71,7 +71,7 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataF
         algbw = np.where(lat > 0, nbytes / lat / 1e9, np.nan)
     key = ocodes * 2 + sc
     rows = []
-    order = sorted(((onames[k // 2], ("intra-node", "inter-node")[k % 2]), k) for k in np.unique(key[keep]))
+    order = sorted(((onames[k // 2], ("intra-node", "inter-node")[k % 2]), k) for k in int_codes(key[keep])[0])
     for (op, sc_name), k in order:
         sel = keep & (key == k)
         bus = algbw[sel] * bus_factor(op, gsize[sel])
@@ -87,26 +87,40 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     if steps.empty or len(set(hosts.values())) <= 1:
         return pd.DataFrame(columns=HOST_COLUMNS)
     names = sorted(set(hosts.values()) | {"?"})
-    s = steps.assign(host=np.array(names, dtype=object)[_host_codes(steps["rank"].to_numpy(), hosts)])
+    hc = _host_codes(steps["rank"].to_numpy(), hosts)   # integer codes in name order: no string keys
+    rank = steps["rank"].to_numpy(np.int64)
+    step_time = steps["step_time"].to_numpy(np.float64)
+    work_ns = step_time - steps["comm"].to_numpy(np.float64)
+    n_h = len(names)
+    rows_n = np.bincount(hc, minlength=n_h)
+
+    def total(v):
+        return np.bincount(hc, weights=v, minlength=n_h)
+
+    tot = {c: total(steps[c].to_numpy(np.float64)) for c in ("step_time", "comm", "data", "compute")}
+    work_tot = total(work_ns)
     late = lateness.assign(host=lateness["rank"].map(lambda r: hosts.get(int(r), "?"))) \
         if len(lateness) else pd.DataFrame(columns=["host", "lateness_ms", "last_pct"])
     busbw = _host_busbw(comm, hosts)
-    work = s.assign(v=s["step_time"] - s["comm"]).groupby(["host", "step"], as_index=False)["v"].mean()
-    tests = sign_tests(work.rename(columns={"host": "unit"})).set_index("unit")
+    work = pd.DataFrame({"unit": hc, "step": steps["step"].to_numpy(), "v": work_ns}) \
+        .groupby(["unit", "step"], as_index=False)["v"].mean()
+    tests = sign_tests(work).set_index("unit")
+    pairs = np.unique(hc.astype(np.int64) << 32 | rank)
     rows = []
-    for h, g in s.groupby("host"):
-        total = float(g["step_time"].sum())
-        pct = {c: 100.0 * float(g[c].sum()) / total if total > 0 else np.nan for c in ("comm", "data", "compute")}
+    for code in np.flatnonzero(rows_n):
+        h = names[code]
+        t = tot["step_time"][code]
+        pct = {c: 100.0 * tot[c][code] / t if t > 0 else np.nan for c in ("comm", "data", "compute")}
         lh = late[late["host"] == h]
         rows.append({
-            "host": h, "ranks": _ranges(g["rank"].unique()),
-            "step_ms": float(g["step_time"].mean()) / 1e6,
-            "work_ms": float((g["step_time"] - g["comm"]).mean()) / 1e6,
+            "host": h, "ranks": _ranges(pairs[(pairs >> 32) == code] & 0xFFFFFFFF),
+            "step_ms": float(t / rows_n[code]) / 1e6,
+            "work_ms": float(work_tot[code] / rows_n[code]) / 1e6,
             "comm_pct": pct["comm"], "data_pct": pct["data"], "compute_pct": pct["compute"],
             "lateness_ms": float(lh["lateness_ms"].mean()) if len(lh) else np.nan,
             "last_pct": float(lh["last_pct"].sum()) if len(lh) else np.nan,
             "inter_busbw_GBps": busbw.get(h, np.nan),
-            **{c: tests.loc[h, c] for c in ("late_steps", "steps", "excess_ms", "p", "needed", "accused")},
+            **{c: tests.loc[code, c] for c in ("late_steps", "steps", "excess_ms", "p", "needed", "accused")},
         })
     return pd.DataFrame(rows, columns=HOST_COLUMNS)
 
@@ -124,19 +138,24 @@ def _host_busbw(comm, hosts) -> Dict[str, float]:
     sel = inter[gcodes] & is_ar[ncodes]
     if not sel.any():
         return {}
-    c = comm[sel]
-    lat = (c["t_end"].to_numpy(np.float64) - c["t_start"].to_numpy(np.float64)) / 1e9
+    def col(name):
+        return comm[name].to_numpy(np.float64)[sel]
+
+    lat = (col("t_end") - col("t_start")) / 1e9
     with np.errstate(divide="ignore", invalid="ignore"):
-        bw = np.where(lat > 0, c["bytes"].to_numpy(np.float64) / lat / 1e9, np.nan) \
-            * bus_factor("all_reduce", c["group_size"].astype(np.float64).to_numpy())
+        bw = np.where(lat > 0, col("bytes") / lat / 1e9, np.nan) * bus_factor("all_reduce", col("group_size"))
     names = sorted(set(hosts.values()) | {"?"})
-    hc = _host_codes(c["rank"].to_numpy(), hosts)
+    hc = _host_codes(comm["rank"].to_numpy()[sel], hosts)
+    fin = np.isfinite(bw)
+    hc, bw = hc[fin], bw[fin]
+    small = np.int16 if len(names) < (1 << 15) else np.int64   # int16: numpy's radix sort
+    order = np.argsort(hc.astype(small), kind="stable")         # per host, each median by partition
+    hc, bw = hc[order], bw[order]
     out = {}
-    frame = pd.DataFrame({"h": hc, "bw": bw})
-    med = frame[np.isfinite(frame["bw"])].groupby("h")["bw"].median()
-    for code, v in med.items():
+    for code in np.unique(hc):
+        lo, hi = np.searchsorted(hc, code), np.searchsorted(hc, code, side="right")
         if names[int(code)] != "?" or "?" in hosts.values():
-            out[names[int(code)]] = float(v)
+            out[names[int(code)]] = float(np.median(bw[lo:hi]))
     return out
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
@@ -133,6 +135,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
             keep = is_comm & (ranks[pos] == ev.rank) & (ev.step >= span["min"].to_numpy()[pos]) \
                 & (ev.step <= span["max"].to_numpy()[pos])
             comm = chunk.filter(pa_mask(keep))
+            if multi_host:      # kept until the clocks are aligned: only what the folds read
+                comm = comm.select([c for c in COMM_COLUMNS if c in comm.column_names])
         kern = None
         is_kernel = ev.cat == CAT["kernel"]
         if is_kernel.any():
@@ -149,6 +153,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         fine = None
         keep_fine = (ev.cat == CAT["compute"]) | (ev.cat == CAT["comm"]) | (ev.cat == CAT["data"]) | \
             (ev.cat == CAT["wait"])
+        if keep_fine.any():     # only the sampled steps' events become pandas rows
+            keep_fine &= buckets.in_steps(ev.rank, ev.step, buckets.sampled_steps(steps))
         if keep_fine.any():
             fe = chunk.filter(pa_mask(keep_fine)).select(
                 ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "bytes",
@@ -164,9 +170,6 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
 
     # Two chunks in flight: numpy's sorts and scans release the GIL, so the
     # sweep of one chunk runs beside the decoding / folding of another.
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=2) as pool:
         pending: deque = deque()
         chunks = iter(chunks)
@@ -197,7 +200,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 kshares.append(kern[0])
                 kbreak.append(kern[1])
             if comm is not None:
-                if multi_host:
+                if multi_host:      # the sketches need no offsets: folded while the workers sweep
+                    colls.add_calls_of(comm)
                     comms.append(comm)
                 else:
                     colls.add(comm)
@@ -214,19 +218,26 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     cframe = _align_frame(comms) if multi_host else None
     offsets, clock_table = clocks.align(cframe, rank_metas)
     spent["clock alignment"] = time.perf_counter() - t0
+    hosts = {r: d[0] for r, d in clocks.domains(rank_metas).items()}
+    several = len(set(hosts.values())) > 1
     t0 = time.perf_counter()
-    for comm in comms:
-        colls.add(comm, offsets)
-    del comms
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # the per-scope and per-link tables read the aligned frame only:
+        # built beside the fold of the instances
+        side = pool.submit(lambda: (nodes.scope_table(cframe, hosts), slowlinks.group_speeds(cframe, hosts))
+                           if several else (pd.DataFrame(), pd.DataFrame()))
+        for comm in comms:
+            colls.add_instances_of(comm, offsets)
+        del comms
+        scope, links = side.result()
     if multi_host:
-        spent["collectives folded on aligned clocks"] = time.perf_counter() - t0
+        spent["collectives folded; scope and link tables"] = time.perf_counter() - t0
     if tl_src is not None:
         win = tl_src[0].copy()
         off = win["rank"].map(offsets).fillna(0).astype(np.int64)
         win["t_start"] = win["t_start"] + off
         win["t_end"] = win["t_end"] + off
         tl = timeline(win, tl_src[1])
-    hosts = {r: d[0] for r, d in clocks.domains(rank_metas).items()}
     steps = pd.concat(parts, ignore_index=True) if parts else \
         pd.DataFrame(columns=[c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")])
     del parts
@@ -252,10 +263,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         meta["ddp_buckets"] = names
     t0 = time.perf_counter()
     per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
-    several = len(set(hosts.values())) > 1
-    scope = nodes.scope_table(cframe, hosts) if several else pd.DataFrame()
-    links = slowlinks.group_speeds(cframe, hosts) if several else pd.DataFrame()
-    spent["per-host and scope tables"] = time.perf_counter() - t0
+    spent["per-host table"] = time.perf_counter() - t0
     return RunAnalysis(config_label(meta, group_by), meta, world, steps, colls, batch_size, tl,
                        pd.concat(teles, ignore_index=True) if teles else pd.DataFrame(),
                        pd.concat(phases, ignore_index=True) if phases else pd.DataFrame(),
@@ -274,6 +282,12 @@ def model_flops(rank_metas: List[dict]) -> Optional[float]:
         if best and best.get("flops") and best.get("items"):
             return float(best["flops"]) / float(best["items"])
     return None
+
+
+#: the columns of the collectives a multi-host run keeps until its clocks
+#: are aligned (CollectiveStats, clock alignment, per-scope and link tables)
+COMM_COLUMNS = ["rank", "name", "source", "group", "group_size", "seq", "dtype", "t_start", "t_end",
+                "dev_start", "dev_end", "bytes", "blocking"]
 
 
 def _align_frame(comms) -> Optional[pd.DataFrame]:

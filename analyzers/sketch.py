@@ -54,7 +54,14 @@ class Sketch:
         if zero:
             hist[None] = hist.get(None, 0) + zero
         if len(pos):
-            bins, counts = np.unique(np.floor(np.log(pos) / _LOG_BASE).astype(np.int64), return_counts=True)
+            b = np.floor(np.log(pos) / _LOG_BASE).astype(np.int64)
+            lo, hi = int(b.min()), int(b.max())
+            if hi - lo < (1 << 16):               # log bins: a small range, counted
+                counts = np.bincount(b - lo)
+                nz = np.flatnonzero(counts)
+                bins, counts = nz + lo, counts[nz]
+            else:
+                bins, counts = np.unique(b, return_counts=True)
             for b, c in zip(bins.tolist(), counts.tolist()):
                 hist[b] = hist.get(b, 0) + c
 

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from . import evidence as ev
+from .codes import int_codes
 
 COLUMNS = ["rank", "metric", "verdict", "late_pct", "late_steps", "steps", "excess_ms", "excess_lo_ms",
            "excess_hi_ms", "excess_pct", "value_ms", "median_ms", "p", "needed"]
@@ -72,8 +73,8 @@ def others_median(m: np.ndarray) -> np.ndarray:
 def wide(values: pd.DataFrame):
     """values: unit, step, v -> (units, steps x units matrix) over the steps
     every unit measured (a unit's repeated rows at one step averaged)."""
-    units, ui = np.unique(values["unit"].to_numpy(), return_inverse=True)
-    steps, si = np.unique(values["step"].to_numpy(), return_inverse=True)
+    units, ui = int_codes(values["unit"].to_numpy())
+    steps, si = int_codes(values["step"].to_numpy())
     cell = si.astype(np.int64) * len(units) + ui
     size = len(steps) * len(units)
     tot = np.bincount(cell, weights=values["v"].to_numpy(dtype=np.float64), minlength=size).reshape(len(steps), -1)
