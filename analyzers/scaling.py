@@ -136,7 +136,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                 & (ev.step <= span["max"].to_numpy()[pos])
             comm = chunk.filter(pa_mask(keep))
             if multi_host:      # kept until the clocks are aligned: only what the folds read
-                comm = comm.select([c for c in COMM_COLUMNS if c in comm.column_names])
+                comm = comm.select([c for c in COMM_COLUMNS if c in comm.column_names and not (
+                    c.startswith("dev_") and comm.column(c).null_count == comm.num_rows)])
         kern = None
         is_kernel = ev.cat == CAT["kernel"]
         if is_kernel.any():
@@ -226,9 +227,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         # built beside the fold of the instances
         side = pool.submit(lambda: (nodes.scope_table(cframe, hosts), slowlinks.group_speeds(cframe, hosts))
                            if several else (pd.DataFrame(), pd.DataFrame()))
-        for comm in comms:
-            colls.add_instances_of(comm, offsets)
-        del comms
+        while comms:                    # each chunk freed once folded
+            colls.add_instances_of(comms.pop(0), offsets)
         scope, links = side.result()
     if multi_host:
         spent["collectives folded; scope and link tables"] = time.perf_counter() - t0

@@ -14,7 +14,7 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-BOUND = 8.0
+BOUND = 6.0
 
 
 def _wall(cmd):
