@@ -67,14 +67,16 @@ def in_steps(rank: np.ndarray, step: np.ndarray, st: pd.DataFrame) -> np.ndarray
     return keys[pos] == ek
 
 
-def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS):
+def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS,
+              sampled: Optional[pd.DataFrame] = None):
     """(phases, grads) of the measured steps of the ranks in ``ev`` (events:
     rank, step, category, name, source, t_start, t_end, bytes, blocking;
     ``steps``: the measured (rank, step) pairs, ``t_start``/``t_end``).
-    Events of steps outside :func:`sampled_steps` are ignored (a caller
-    with big chunks filters them first with :func:`in_steps`)."""
+    Events of steps outside :func:`sampled_steps` (``sampled`` where the
+    caller has it) are ignored; a caller with big chunks filters them first
+    with :func:`in_steps`."""
     key = ["rank", "step"]
-    st = sampled_steps(steps, max_steps)
+    st = sampled if sampled is not None else sampled_steps(steps, max_steps)
     if st.empty:
         return pd.DataFrame(columns=PHASE_COLUMNS), pd.DataFrame(columns=GRAD_COLUMNS)
     ev = ev.merge(st[key], on=key, how="inner").reset_index(drop=True)

@@ -154,13 +154,14 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         fine = None
         keep_fine = (ev.cat == CAT["compute"]) | (ev.cat == CAT["comm"]) | (ev.cat == CAT["data"]) | \
             (ev.cat == CAT["wait"])
+        sampled = buckets.sampled_steps(steps)
         if keep_fine.any():     # only the sampled steps' events become pandas rows
-            keep_fine &= buckets.in_steps(ev.rank, ev.step, buckets.sampled_steps(steps))
+            keep_fine &= buckets.in_steps(ev.rank, ev.step, sampled)
         if keep_fine.any():
             fe = chunk.filter(pa_mask(keep_fine)).select(
                 ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "bytes",
                  "blocking"]).to_pandas()
-            fine = buckets.rank_rows(fe, steps)
+            fine = buckets.rank_rows(fe, steps, sampled=sampled)
         phase = None
         is_phase = ev.cat == CAT["phase"]
         if is_phase.any():
