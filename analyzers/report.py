@@ -115,10 +115,9 @@ NOTES = [
 def analyze_run(chunks: Iterable, meta: dict, rank_metas: List[dict], path: str, warmup: int = 1,
                 batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None):
     """One run (its events as chunks of whole ranks, REPORT_COLUMNS) -> RunAnalysis."""
-    from . import scaling
+    from .run import analyze_chunks
 
-    analysis = scaling.analyze_chunks(chunks, meta, rank_metas, warmup=warmup,
-                                      batch_size=batch_size, group_by=group_by)
+    analysis = analyze_chunks(chunks, meta, rank_metas, warmup=warmup, batch_size=batch_size, group_by=group_by)
     analysis.meta["path"] = path
     _check_steps(analysis)
     return analysis

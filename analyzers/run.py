@@ -1,0 +1,462 @@
+"""One run analysed: its events read once, in chunks of whole ranks.
+
+Each chunk is swept by a worker (:func:`sweep`: the per-step breakdown and
+the rows every other analysis needs from that chunk, as a
+:class:`ChunkRows`); small accumulators fold those rows as they come
+(:class:`Frames`, :class:`Collectives`, :class:`FineGrain`,
+:class:`Timeline`). When every chunk is in, the hosts' clocks are aligned
+from the collectives, each accumulator finishes on the aligned clocks,
+and :class:`RunAnalysis` is built by keyword. The tables across runs live
+in :mod:`.scaling`.
+
+A new per-run metric is one field of :class:`ChunkRows` (filled in
+:func:`sweep`), one accumulator and one field of :class:`RunAnalysis`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import breakdown, buckets, clocks, kernels, nodes, slowlinks
+from .collectives import CollectiveStats
+from .events import Events, device_times
+from .timeline import timeline
+from ..trace.metadata import batch_size as infer_batch_size
+from ..trace.schema import CAT
+
+DEFAULT_GROUP_BY = ("framework", "loader", "model", "batch_size")
+#: per-step rows kept for the whole run in these dtypes
+_COMPACT = {"step_time": np.float32, "data": np.float32, "comm": np.float32, "compute": np.float32,
+            "other": np.float32, "comm_busy": np.float32, "data_busy": np.float32,
+            "compute_busy": np.float32, "overlap": np.float32, "items": np.float32,
+            "rank": np.int32, "step": np.int32}
+#: the columns of the collectives a multi-host run keeps until its clocks
+#: are aligned (CollectiveStats, clock alignment, per-scope and link tables)
+COMM_COLUMNS = ["rank", "name", "source", "group", "group_size", "seq", "dtype", "t_start", "t_end",
+                "dev_start", "dev_end", "bytes", "blocking"]
+_ALIGN_COLUMNS = ("rank", "name", "group", "group_size", "seq", "t_start", "t_end", "blocking", "bytes")
+
+
+@dataclass
+class RunAnalysis:
+    label: str
+    meta: dict
+    world_size: int
+    steps: pd.DataFrame            # measured per-step rows (compact dtypes)
+    colls: CollectiveStats
+    batch_size: Optional[int]
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    telemetry: pd.DataFrame = field(default_factory=pd.DataFrame)       # per rank (GPU metrics)
+    phases: pd.DataFrame = field(default_factory=pd.DataFrame)          # Horovod timeline phases
+    kernel_shares: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank
+    gpu_breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)   # per rank (HTA definitions)
+    clocks: pd.DataFrame = field(default_factory=pd.DataFrame)          # per host: clock alignment
+    offsets: Dict[int, int] = field(default_factory=dict)               # per rank: ns added to its times
+    hosts: Dict[int, str] = field(default_factory=dict)                 # per rank: host name
+    nodes: pd.DataFrame = field(default_factory=pd.DataFrame)           # per host (multi-host runs)
+    scope: pd.DataFrame = field(default_factory=pd.DataFrame)           # collectives intra / inter node
+    links: pd.DataFrame = field(default_factory=pd.DataFrame)           # inter-node groups' transfer speeds
+    #: the fine grain (analyzers/buckets.py), aligned clocks, <= buckets.MAX_STEPS steps per rank
+    fine_phases: pd.DataFrame = field(default_factory=pd.DataFrame)     # per (rank, step)
+    fine_grads: pd.DataFrame = field(default_factory=pd.DataFrame)      # per (rank, step, bucket)
+    #: seconds spent per analysis stage (``commprof report --timings``)
+    timings: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.steps.groupby("rank").size().max()) if not self.steps.empty else 0
+
+    @property
+    def n_ranks(self) -> int:
+        return int(self.steps["rank"].nunique()) if not self.steps.empty else 0
+
+
+def config_label(meta: dict, group_by: Optional[Sequence[str]] = None) -> str:
+    keys = list(group_by) if group_by else list(DEFAULT_GROUP_BY) + sorted((meta.get("labels") or {}))
+    parts = []
+    for k in keys:
+        v = meta.get(k)
+        if v is None:
+            v = (meta.get("labels") or {}).get(k)
+        if v is None:
+            continue
+        parts.append(f"bs={v}" if k == "batch_size" else str(v))
+    return " / ".join(parts) if parts else "run"
+
+
+# -- one chunk ----------------------------------------------------------------
+@dataclass
+class ChunkRows:
+    """What one chunk of whole ranks gives each analysis."""
+    steps: pd.DataFrame                         # measured steps, with t_start / t_end
+    comm: Optional[pa.Table] = None             # collectives of the measured steps
+    kernels: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None   # (shares, GPU breakdown) per rank
+    telemetry: Optional[pd.DataFrame] = None    # GPU metrics per rank
+    phases: Optional[pd.DataFrame] = None       # Horovod timeline phases
+    fine: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None      # (phases, grads) of the sampled steps
+
+    @property
+    def compact_steps(self) -> pd.DataFrame:
+        return self.steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT)
+
+
+def pa_mask(mask: np.ndarray):
+    return pa.array(mask, type=pa.bool_())
+
+
+def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
+    """The per-step breakdown of a chunk and the rows the other analyses
+    read from it (pure; runs in a worker thread)."""
+    ev = Events.of(chunk)
+    steps = breakdown.measured(breakdown.per_step(ev), warmup)
+    if steps.empty:
+        return ChunkRows(steps)
+    return ChunkRows(steps, _comm_rows(chunk, ev, steps, multi_host), _kernel_rows(chunk, ev),
+                     _telemetry_rows(chunk, ev), _phase_rows(chunk, ev), _fine_rows(chunk, ev, steps))
+
+
+def _comm_rows(chunk, ev: Events, steps: pd.DataFrame, multi_host: bool) -> Optional[pa.Table]:
+    """The collectives of each rank's measured steps; several hosts: only
+    the columns the folds read (kept until the clocks are aligned)."""
+    is_comm = ev.cat == CAT["comm"]
+    if not is_comm.any():
+        return None
+    span = steps.groupby("rank")["step"].agg(["min", "max"])
+    ranks = span.index.to_numpy(np.int64)
+    pos = np.clip(np.searchsorted(ranks, ev.rank), 0, len(ranks) - 1)
+    keep = is_comm & (ranks[pos] == ev.rank) & (ev.step >= span["min"].to_numpy()[pos]) \
+        & (ev.step <= span["max"].to_numpy()[pos])
+    comm = chunk.filter(pa_mask(keep))
+    if multi_host:
+        comm = comm.select([c for c in COMM_COLUMNS if c in comm.column_names and not (
+            c.startswith("dev_") and comm.column(c).null_count == comm.num_rows)])
+    return comm
+
+
+def _kernel_rows(chunk, ev: Events):
+    is_kernel = ev.cat == CAT["kernel"]
+    if not is_kernel.any():
+        return None
+    kt = chunk.filter(pa_mask(is_kernel | (ev.cat == CAT["step"]))).select(
+        ["rank", "step", "category", "name", "detail", "t_start", "t_end"]).to_pandas()
+    return kernels.kernel_views(kt, hta_window=True)
+
+
+def _telemetry_rows(chunk, ev: Events) -> Optional[pd.DataFrame]:
+    is_metric = ev.cat == CAT["metric"]
+    if not is_metric.any():
+        return None
+    m = chunk.filter(pa_mask(is_metric)).select(["rank", "name", "value"]).to_pandas()
+    m = m[m["name"].astype(str).str.startswith("gpu.")]
+    return telemetry_per_rank(m) if len(m) else None
+
+
+def telemetry_per_rank(m: pd.DataFrame) -> pd.DataFrame:
+    """GPU telemetry per rank: mean utilisation, peak memory, mean power,
+    mean SM clock, samples."""
+    g = m.assign(name=m["name"].astype(str)).groupby(["rank", "name"])["value"]
+    mean, peak, n = g.mean().unstack(), g.max().unstack(), g.size().unstack()
+    out = pd.DataFrame({"rank": mean.index.astype(int)})
+    for col, src, name in (("util_pct", mean, "gpu.util"), ("mem_peak_mib", peak, "gpu.mem_used_mib"),
+                           ("power_w", mean, "gpu.power_w"), ("sm_clock_mhz", mean, "gpu.sm_clock_mhz"),
+                           ("samples", n, "gpu.util")):
+        out[col] = src[name].to_numpy() if name in src else np.nan
+    return out
+
+
+def _phase_rows(chunk, ev: Events) -> Optional[pd.DataFrame]:
+    is_phase = ev.cat == CAT["phase"]
+    if not is_phase.any():
+        return None
+    ph = chunk.filter(pa_mask(is_phase)).select(["name", "detail", "t_start", "t_end"]).to_pandas()
+    return ph[ph["name"].astype(str) != "ready"].assign(
+        name=lambda d: d["name"].astype(str), ms=lambda d: (d["t_end"] - d["t_start"]) / 1e6)
+
+
+def _fine_rows(chunk, ev: Events, steps: pd.DataFrame):
+    """The fine grain's rows of the sampled steps: only their events become
+    pandas rows."""
+    keep = (ev.cat == CAT["compute"]) | (ev.cat == CAT["comm"]) | (ev.cat == CAT["data"]) | \
+        (ev.cat == CAT["wait"])
+    sampled = buckets.sampled_steps(steps)
+    if keep.any():
+        keep &= buckets.in_steps(ev.rank, ev.step, sampled)
+    if not keep.any():
+        return None
+    fe = chunk.filter(pa_mask(keep)).select(
+        ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "bytes",
+         "blocking"]).to_pandas()
+    return buckets.rank_rows(fe, steps, sampled=sampled)
+
+
+# -- accumulators --------------------------------------------------------------
+class Frames:
+    """Pieces of one table, concatenated at the end."""
+
+    def __init__(self, columns: Sequence[str] = ()):
+        self.parts: List[pd.DataFrame] = []
+        self.columns = list(columns)
+
+    def add(self, frame: Optional[pd.DataFrame]) -> None:
+        if frame is not None:
+            self.parts.append(frame)
+
+    def finish(self) -> pd.DataFrame:
+        out = pd.concat(self.parts, ignore_index=True) if self.parts else pd.DataFrame(columns=self.columns)
+        self.parts = []
+        return out
+
+
+class Collectives:
+    """Collective statistics fed chunk by chunk. One host: folded as they
+    come (memory bounded by a chunk). Several hosts: the per-call sketches
+    as they come (they need no offsets), the per-instance aggregates kept
+    until the clocks are aligned."""
+
+    def __init__(self, multi_host: bool):
+        self.stats = CollectiveStats()
+        self.multi_host = multi_host
+        self.kept: List[pa.Table] = []
+
+    def add(self, comm: Optional[pa.Table]) -> None:
+        if comm is None:
+            return
+        if self.multi_host:
+            self.stats.add_calls_of(comm)
+            self.kept.append(comm)
+        else:
+            self.stats.add(comm)
+
+    def aligned_frame(self) -> Optional[pd.DataFrame]:
+        """The columns clock alignment needs (completion on the device where
+        measured); None on one host."""
+        if not self.multi_host or not self.kept:
+            return None
+        frames = []
+        for c in self.kept:
+            f = c.select([x for x in _ALIGN_COLUMNS if x in c.column_names]).to_pandas()
+            dev = device_times(c)
+            if dev is not None:
+                _d0, d1, has = dev
+                f["t_end"] = np.where(has, d1, f["t_end"].to_numpy())
+            frames.append(f)
+        return pd.concat(frames, ignore_index=True)
+
+    def finish(self, offsets: Dict[int, int]) -> CollectiveStats:
+        while self.kept:                    # each chunk freed once folded
+            self.stats.add_instances_of(self.kept.pop(0), offsets)
+        return self.stats
+
+
+class FineGrain:
+    """Per (rank, step) phases and per bucket collectives of the sampled
+    steps, shifted onto the aligned clocks at the end."""
+
+    def __init__(self):
+        self.phases, self.grads = Frames(buckets.PHASE_COLUMNS), Frames(buckets.GRAD_COLUMNS)
+
+    def add(self, fine) -> None:
+        if fine is not None:
+            self.phases.add(fine[0])
+            self.grads.add(fine[1])
+
+    def finish(self, offsets: Dict[int, int]):
+        return buckets.shifted(self.phases.finish(), self.grads.finish(), offsets)
+
+
+class Timeline:
+    """The timeline of the first chunk's first ranks; several hosts: drawn
+    once their clocks are aligned."""
+
+    def __init__(self, multi_host: bool):
+        self.multi_host = multi_host
+        self.source: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None
+        self.table = pd.DataFrame()
+
+    def add(self, chunk: pa.Table, steps: pd.DataFrame) -> None:
+        if not self.table.empty or self.source is not None:
+            return
+        if self.multi_host:
+            self.source = (_small_window(chunk, steps), steps)
+        else:
+            self.table = timeline(_small_window(chunk, steps), steps)
+
+    def finish(self, offsets: Dict[int, int]) -> pd.DataFrame:
+        if self.source is not None:
+            win = self.source[0].copy()
+            off = win["rank"].map(offsets).fillna(0).astype(np.int64)
+            win["t_start"] = win["t_start"] + off
+            win["t_end"] = win["t_end"] + off
+            self.table = timeline(win, self.source[1])
+        return self.table
+
+
+def _small_window(chunk, steps: pd.DataFrame) -> pd.DataFrame:
+    """The events of the chunk's first 8 ranks, as pandas, for the timeline."""
+    ranks = sorted(steps["rank"].unique())[:8]
+    sub = chunk.filter(pc.is_in(chunk.column("rank"), value_set=pa.array(ranks, pa.int32())))
+    return sub.select([c for c in ("rank", "step", "category", "name", "t_start", "t_end")
+                       if c in sub.column_names]).to_pandas()
+
+
+@dataclass
+class _Accumulators:
+    multi_host: bool
+    steps: Frames = field(default_factory=lambda: Frames(
+        [c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")]))
+    telemetry: Frames = field(default_factory=Frames)
+    phases: Frames = field(default_factory=Frames)
+    kernel_shares: Frames = field(default_factory=Frames)
+    gpu_breakdown: Frames = field(default_factory=Frames)
+    fine: FineGrain = field(default_factory=FineGrain)
+    colls: Collectives = field(init=False)
+    timeline: Timeline = field(init=False)
+
+    def __post_init__(self):
+        self.colls = Collectives(self.multi_host)
+        self.timeline = Timeline(self.multi_host)
+
+    def add(self, chunk: pa.Table, rows: ChunkRows) -> None:
+        steps = rows.compact_steps
+        self.steps.add(steps)
+        self.telemetry.add(rows.telemetry)
+        self.phases.add(rows.phases)
+        self.fine.add(rows.fine)
+        if rows.kernels is not None:
+            self.kernel_shares.add(rows.kernels[0])
+            self.gpu_breakdown.add(rows.kernels[1])
+        self.colls.add(rows.comm)
+        self.timeline.add(chunk, steps)
+
+
+# -- the run -------------------------------------------------------------------
+class _Clock:
+    """Seconds per stage, for ``commprof report --timings``."""
+
+    def __init__(self):
+        self.spent: Dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def add(self, key: str, seconds: float) -> None:
+        with self.lock:
+            self.spent[key] = self.spent.get(key, 0.0) + seconds
+
+    def since(self, key: str, t0: float) -> None:
+        self.add(key, time.perf_counter() - t0)
+
+
+def _read_and_sweep(chunks: Iterable, sweep_one: Callable[[Any], ChunkRows], acc: _Accumulators,
+                    clock: _Clock) -> None:
+    """Two chunks in flight: numpy's sorts and scans release the GIL, so the
+    sweep of one chunk runs beside the decoding / folding of another."""
+    def work(chunk):
+        c0 = time.thread_time()
+        try:
+            return sweep_one(chunk)
+        finally:
+            clock.add("per-chunk sweep, CPU in the workers", time.thread_time() - c0)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pending: deque = deque()
+        it = iter(chunks)
+        done = False
+        while pending or not done:
+            while not done and len(pending) < 2:
+                chunk = next(it, None)
+                if chunk is None:
+                    done = True
+                    break
+                pending.append((chunk, pool.submit(work, chunk)))
+            if not pending:
+                break
+            chunk, fut = pending.popleft()
+            rows = fut.result()
+            if not rows.steps.empty:
+                acc.add(chunk, rows)
+            del chunk
+    clock.since("read and per-chunk sweep (wall)", t0)
+
+
+def _run_meta(meta: dict, rank_metas: List[dict], steps: pd.DataFrame, batch_size: Optional[int]) -> dict:
+    """The run's metadata completed from the analysis: batch size (given or
+    inferred from the steps' items), framework of a single process, model
+    FLOPs, DDP's bucket names."""
+    meta = dict(meta)
+    if batch_size is not None:
+        meta["batch_size"] = batch_size
+    elif "batch_size" not in meta and len(steps):
+        inferred = infer_batch_size(steps["items"].tolist())
+        if inferred is not None:
+            meta["batch_size"] = inferred
+    if meta.get("framework") is None and int(meta.get("world_size") or 1) == 1:
+        meta["framework"] = "none"
+    flops = model_flops(rank_metas)
+    if flops:
+        meta["fwd_flops_per_sample"] = flops
+    names = next((m.get("ddp_buckets") for m in sorted(rank_metas, key=lambda r: r.get("rank", 0))
+                  if m.get("ddp_buckets")), None)
+    if names:
+        meta["ddp_buckets"] = names
+    return meta
+
+
+def model_flops(rank_metas: List[dict]) -> Optional[float]:
+    """Forward FLOPs per sample of the model, counted by the recorder on the
+    first batch (torch.utils.flop_counter; the largest root module, rank
+    0 first)."""
+    for m in sorted(rank_metas, key=lambda r: r.get("rank", 0)):
+        mf = m.get("model_flops") or {}
+        best = max(mf.values(), key=lambda v: v.get("flops", 0), default=None)
+        if best and best.get("flops") and best.get("items"):
+            return float(best["flops"]) / float(best["items"])
+    return None
+
+
+def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
+                   batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None) -> RunAnalysis:
+    """Analyse a run given an iterable of Arrow tables, each holding whole ranks."""
+    hosts = {r: d[0] for r, d in clocks.domains(rank_metas).items()}
+    multi_host = len(set(clocks.domains(rank_metas).values())) > 1
+    several = len(set(hosts.values())) > 1
+    acc = _Accumulators(multi_host)
+    clock = _Clock()
+    _read_and_sweep(chunks, lambda chunk: sweep(chunk, warmup, multi_host), acc, clock)
+    # the hosts' clocks are aligned from all ranks' collectives before the
+    # cross-rank statistics (arrival skew) are folded
+    t0 = time.perf_counter()
+    cframe = acc.colls.aligned_frame()
+    offsets, clock_table = clocks.align(cframe, rank_metas)
+    clock.since("clock alignment", t0)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # the per-scope and per-link tables read the aligned frame only:
+        # built beside the fold of the instances
+        side = pool.submit(lambda: (nodes.scope_table(cframe, hosts), slowlinks.group_speeds(cframe, hosts))
+                           if several else (pd.DataFrame(), pd.DataFrame()))
+        colls = acc.colls.finish(offsets)
+        scope, links = side.result()
+    if multi_host:
+        clock.since("collectives folded; scope and link tables", t0)
+    steps = acc.steps.finish()
+    meta = _run_meta(meta, rank_metas, steps, batch_size)
+    fine_phases, fine_grads = acc.fine.finish(offsets)
+    t0 = time.perf_counter()
+    per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
+    clock.since("per-host table", t0)
+    return RunAnalysis(
+        label=config_label(meta, group_by), meta=meta, world_size=int(meta.get("world_size") or 1),
+        steps=steps, colls=colls, batch_size=batch_size, timeline=acc.timeline.finish(offsets),
+        telemetry=acc.telemetry.finish(), phases=acc.phases.finish(),
+        kernel_shares=acc.kernel_shares.finish(), gpu_breakdown=acc.gpu_breakdown.finish(),
+        clocks=clock_table, offsets=offsets, hosts=hosts, nodes=per_host, scope=scope, links=links,
+        fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent)
