@@ -188,7 +188,8 @@ def _with_pairs(finds: pd.DataFrame, pairs: Sequence[Tuple[str, dict]]) -> pd.Da
     return finds
 
 
-def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = ()):
+def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
+                 peak_tflops: Optional[float] = None):
     """The report's tables from analysed runs (RunAnalysis objects); with
     ``pairs`` (where, results of ``commprof bench --pairs`` run beside the
     study), their findings too, and a node finding of the study points to
@@ -197,7 +198,7 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = ()):
 
     for r in runs:
         _check_steps(r)
-    table = scaling.breakdown_table(runs)
+    table = scaling.breakdown_table(runs, peak_tflops)
     colls = scaling.collectives_table(runs)
     skews = scaling.skew_tables(runs)
     strag = scaling.straggler_tables(runs)

@@ -81,7 +81,9 @@ def adopt_baselines(runs: List[RunAnalysis], group_by: Optional[Sequence[str]] =
     return out
 
 
-def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
+def breakdown_table(runs: List[RunAnalysis], peak: Optional[float] = None) -> pd.DataFrame:
+    """One row per (configuration, GPU count); ``peak``: the GPU's peak
+    TFLOP/s for MFU (None: known devices by name)."""
     rows = []
     for (label, gpus), members in _groups(runs).items():
         steps = _steps_of(members)
@@ -111,7 +113,7 @@ def breakdown_table(runs: List[RunAnalysis]) -> pd.DataFrame:
             "batch_per_rank": _nanmean([t["batch_per_rank"] for t in tps]),
             "epoch_s": float(dataset) / samples if dataset and samples > 0 else np.nan,
             "loader": meta.get("loader"), "loader_workers": meta.get("loader_workers"),
-            **flops_columns(meta, samples, gpus),
+            **flops_columns(meta, samples, gpus, peak),
         })
     table = pd.DataFrame(rows)
     return add_scaling(table)
@@ -122,13 +124,11 @@ PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0,
                "A100": 312.0, "A800": 312.0, "A30": 165.0, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
                "L4": 121.0, "V100": 125.0, "T4": 65.0, "RTX 4090": 165.0, "RTX 3090": 71.0, "MI300X": 1307.0,
                "MI250X": 383.0}
-#: a user's peak (``commprof report --peak-tflops``) overrides the table
-PEAK_OVERRIDE: Dict[str, float] = {}
 
 
 def peak_tflops(device: Optional[str]) -> Optional[float]:
-    if PEAK_OVERRIDE.get("peak"):
-        return PEAK_OVERRIDE["peak"]
+    """The device's peak from :data:`PEAK_TFLOPS` (longest name contained
+    in the device's name), or None."""
     if not device:
         return None
     for name in sorted(PEAK_TFLOPS, key=len, reverse=True):
@@ -137,15 +137,15 @@ def peak_tflops(device: Optional[str]) -> Optional[float]:
     return None
 
 
-def flops_columns(meta: dict, samples_per_s: float, gpus: int) -> dict:
+def flops_columns(meta: dict, samples_per_s: float, gpus: int, peak: Optional[float] = None) -> dict:
     """Achieved model TFLOP/s per GPU (3 x forward FLOPs per sample: the
-    backward costs about twice the forward) and MFU against the device's
-    peak where known."""
+    backward costs about twice the forward) and MFU against ``peak`` (a
+    user's, ``commprof report --peak-tflops``) or the device's where known."""
     f = meta.get("fwd_flops_per_sample")
     if not f or not samples_per_s or samples_per_s != samples_per_s:
         return {"model_tflops": np.nan, "tflops_per_gpu": np.nan, "mfu_pct": np.nan}
     per_gpu = 3.0 * f * samples_per_s / max(gpus, 1) / 1e12
-    peak = peak_tflops(meta.get("device_name"))
+    peak = peak or peak_tflops(meta.get("device_name"))
     return {"model_tflops": 3.0 * f / 1e12, "tflops_per_gpu": per_gpu,
             "mfu_pct": 100.0 * per_gpu / peak if peak else np.nan}
 

@@ -75,9 +75,11 @@ class Trace:
     flt: Filter = field(default_factory=Filter)
     #: a job recorded as one folder per node: every folder (``path`` is the first)
     parts: Tuple[str, ...] = ()
-    #: analysed reports by (warmup, batch_size, group_by); a filtered view
-    #: (``filter()``) starts with an empty cache
+    #: analysed reports by (warmup, batch_size, group_by, peak_tflops) and run
+    #: analyses by (warmup, batch_size, group_by, chunk_rows); a filtered
+    #: view (``filter()``) starts with empty caches
     _reports: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _analyses: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- reading -------------------------------------------------------------
     def chunks(self, columns: Optional[Sequence[str]] = None, max_rows: int = CHUNK_ROWS):
@@ -121,7 +123,13 @@ class Trace:
     def analysis(self, warmup: int = 1, batch_size: Optional[int] = None,
                  group_by: Optional[Sequence[str]] = None, chunk_rows: int = CHUNK_ROWS):
         """The run analysed (read once, in chunks of whole ranks of about
-        ``chunk_rows`` events)."""
+        ``chunk_rows`` events; kept for the same arguments)."""
+        key = (warmup, batch_size, tuple(group_by) if group_by else None, chunk_rows)
+        if key not in self._analyses:
+            self._analyses[key] = self._analyse(warmup, batch_size, group_by, chunk_rows)
+        return self._analyses[key]
+
+    def _analyse(self, warmup, batch_size, group_by, chunk_rows):
         from .analyzers.report import REPORT_COLUMNS, analyze_run
         from .progress import Bar
 
@@ -135,12 +143,14 @@ class Trace:
                                warmup=warmup, batch_size=batch_size, group_by=group_by)
 
     def report(self, warmup: int = 1, batch_size: Optional[int] = None,
-               group_by: Optional[Sequence[str]] = None):
+               group_by: Optional[Sequence[str]] = None, peak_tflops: Optional[float] = None):
         """The full report (tables as DataFrames in ``.tables[name].frame``),
-        computed once per set of arguments and kept."""
-        key = (warmup, batch_size, tuple(group_by) if group_by else None)
+        computed once per set of arguments and kept. ``peak_tflops``: the
+        GPU's peak for MFU (default: known devices by name)."""
+        key = (warmup, batch_size, tuple(group_by) if group_by else None, peak_tflops)
         if key not in self._reports:
-            self._reports[key] = Comparison([self], warmup, batch_size, group_by).report()
+            self._reports[key] = Comparison([self], warmup, batch_size, group_by,
+                                            peak_tflops=peak_tflops).report()
         return self._reports[key]
 
     def breakdown(self, **kw) -> pd.DataFrame:
@@ -250,6 +260,8 @@ class Comparison:
     group_by: Optional[Sequence[str]] = None
     #: (where, results) of pairs benches run beside the study (``commprof sweep --pairs``)
     pairs: Sequence = ()
+    #: the GPU's peak TFLOP/s for MFU (None: known devices by name)
+    peak_tflops: Optional[float] = None
     _report: object = None
     _runs: object = None
     #: seconds of the last analysis: per run its stages, then the report's tables
@@ -261,7 +273,7 @@ class Comparison:
 
             t0 = time.perf_counter()
             self._report, self._runs = analyze(self.traces, self.warmup, self.batch_size, self.group_by,
-                                               pairs=self.pairs)
+                                               pairs=self.pairs, peak_tflops=self.peak_tflops)
             total = time.perf_counter() - t0
             stages = [(f"{os.path.basename(str(r.meta.get('path', '')))}: {k}", v)
                       for r in (self._runs or []) for k, v in r.timings.items()]
@@ -349,7 +361,7 @@ def load(paths: Union[PathLike, Sequence[PathLike]]) -> Union[Trace, Comparison]
         expanded = _expand(paths)
         if len(expanded) == 1:
             return _one(expanded[0])
-    traces = join_jobs([_one(p) for p in _expand(paths)])
+    traces = open_runs(paths)
     return traces[0] if len(traces) == 1 else compare(traces, pairs=study_pairs(paths))
 
 
@@ -416,22 +428,31 @@ def _one(p: PathLike) -> Trace:
     return Trace(p, meta, ranks)
 
 
+def open_runs(paths: Sequence[PathLike]) -> List[Trace]:
+    """The runs behind ``paths`` (trace files, record folders, study
+    folders expanded into their runs, Trace objects), a job recorded as one
+    folder per node joined into one run."""
+    return join_jobs([_one(p) for p in _expand(list(paths))])
+
+
 def compare(traces: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
-            group_by: Optional[Sequence[str]] = None, pairs: Optional[Sequence] = None) -> Comparison:
+            group_by: Optional[Sequence[str]] = None, pairs: Optional[Sequence] = None,
+            peak_tflops: Optional[float] = None) -> Comparison:
     """Analyse several runs together (grouped by configuration and GPU count);
-    a study folder's pairs bench (``commprof sweep --pairs``) comes along."""
-    return Comparison(join_jobs([_one(t) for t in _expand(traces)]), warmup, batch_size, group_by,
-                      pairs=study_pairs(traces) if pairs is None else pairs)
+    a study folder's pairs bench (``commprof sweep --pairs``) comes along.
+    ``peak_tflops``: the GPU's peak for MFU (default: known devices by name)."""
+    return Comparison(open_runs(traces), warmup, batch_size, group_by,
+                      pairs=study_pairs(traces) if pairs is None else pairs, peak_tflops=peak_tflops)
 
 
 def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int] = None,
             group_by: Optional[Sequence[str]] = None, chunk_rows: int = CHUNK_ROWS,
-            pairs: Optional[Sequence] = None):
+            pairs: Optional[Sequence] = None, peak_tflops: Optional[float] = None):
     """Analyse runs together: (Report, [RunAnalysis per run]). What
     ``commprof report`` prints is this report."""
     from .analyzers.report import build_report
 
-    traces = join_jobs([_one(p) for p in _expand(paths)])
+    traces = open_runs(paths)
     if len(traces) == 1 and is_bench(traces[0]) and traces[0].meta.get("bench_mode") == "pairs":
         return pairs_of(traces[0]), []
     if traces and all(is_bench(t) for t in traces):
@@ -443,7 +464,8 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
     from .analyzers.scaling import adopt_baselines
 
     runs = adopt_baselines([t.analysis(warmup, batch_size, group_by, chunk_rows) for t in traces], group_by)
-    return build_report(runs, warmup, pairs=study_pairs(paths) if pairs is None else pairs), runs
+    return build_report(runs, warmup, pairs=study_pairs(paths) if pairs is None else pairs,
+                        peak_tflops=peak_tflops), runs
 
 
 def _comm_frame(t: "Trace") -> pd.DataFrame:

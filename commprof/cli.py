@@ -614,15 +614,12 @@ def cmd_report(args) -> int:
     group_by = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else None
     if args.warmup < 0:
         raise TraceFormatError("--warmup must be >= 0")
-    if args.peak_tflops is not None:
-        if args.peak_tflops <= 0:
-            raise UsageError("--peak-tflops must be > 0")
-        from .analyzers import scaling
-
-        scaling.PEAK_OVERRIDE["peak"] = args.peak_tflops
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        raise UsageError("--peak-tflops must be > 0")
     import time
 
-    cmp_ = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by)
+    cmp_ = compare(args.traces, warmup=args.warmup, batch_size=args.batch_size, group_by=group_by,
+                   peak_tflops=args.peak_tflops)
     report = cmp_.report()
     t_render = time.perf_counter()
     fmt = args.format or (render.format_for_path(args.output) if args.output else None) or "table"

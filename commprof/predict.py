@@ -48,9 +48,9 @@ def load_runs(paths: Sequence[str], warmup: int = 1, group_by=None):
     """[(config label, Structure, instances, RunAnalysis)] of the runs
     (study folders expanded, the 1-GPU baseline adopted as in the report)."""
     from .analyzers.scaling import adopt_baselines
-    from .api import _expand, _one, join_jobs
+    from .api import open_runs
 
-    traces = join_jobs([_one(p) for p in _expand(list(paths))])
+    traces = open_runs(paths)
     if not traces:
         raise UsageError("predict: no runs given")
     analyses = [t.analysis(warmup, None, group_by) for t in traces]

@@ -200,3 +200,27 @@ def test_telemetry_table_per_rank(tmp_path):
     t = report.tables["telemetry"].frame.set_index("rank")
     assert t.loc[0, "util_pct"] == pytest.approx(60.0) and t.loc[1, "util_pct"] == pytest.approx(61.0)
     assert t.loc[0, "mem_peak_mib"] == 3000.0 and t.loc[0, "samples"] == 2
+
+
+def test_a_trace_reads_its_events_once_per_set_of_arguments(tmp_path, monkeypatch):
+    """The report, the critical path and the bucket table share one run
+    analysis; other arguments (or a filtered view) analyse again."""
+    import commprof
+
+    t = commprof.load(run_of(tmp_path, "a", 2, steps=8))
+    reads = []
+    chunks = t.chunks
+
+    def counted(*a, **k):
+        reads.append(1)
+        return chunks(*a, **k)
+
+    monkeypatch.setattr(t, "chunks", counted)
+    first = t.analysis()
+    t.report()
+    t.critical_path()
+    t.buckets()
+    assert len(reads) == 1 and t.analysis() is first
+    t.analysis(warmup=2)
+    assert len(reads) == 2
+    assert t.filter(ranks=[0]).analysis().n_ranks == 1

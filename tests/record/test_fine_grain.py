@@ -2,12 +2,14 @@
 late before its backward has bucket waits and the critical path attributed
 to rank 1; Horovod and DeepSpeed runs get the bucket, critical-path and
 update-delay tables; an MLP's FLOPs per sample are counted exactly."""
+import json
 import os
 import sys
 
 import pytest
 
 import commprof
+from commprof.cli import main
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -71,3 +73,12 @@ def test_mlp_flops_per_sample_are_exact(record):
     bd = t.breakdown().iloc[0]
     assert bd["tflops_per_gpu"] == pytest.approx(3 * expected * bd["samples_per_s"] / 1e12, rel=1e-9)
     assert bd["mfu_pct"] != bd["mfu_pct"]        # no GPU: no peak, no MFU
+    # a user's peak: MFU against it, in that report only (no state left behind)
+    peak = float(bd["tflops_per_gpu"]) * 4
+    assert t.report(peak_tflops=peak).tables["breakdown"].frame.iloc[0]["mfu_pct"] == pytest.approx(25.0)
+    assert t.breakdown().iloc[0]["mfu_pct"] != t.breakdown().iloc[0]["mfu_pct"]
+    js = os.path.join(out, "peak.json")
+    assert main(["report", out, "--peak-tflops", repr(peak), "--format", "json", "-o", js]) == 0
+    assert json.load(open(js))["tables"]["breakdown"][0]["mfu_pct"] == pytest.approx(25.0)
+    again = commprof.compare([out]).breakdown().iloc[0]["mfu_pct"]
+    assert again != again
