@@ -47,21 +47,35 @@ def _patch_points():
     return points
 
 
+#: test folders that never record: no torch import, no native build for them
+PURE = ("analyzers", "trace", "convert")
+
+
+def _pure(item) -> bool:
+    parts = os.path.relpath(str(item.path), os.path.join(ROOT, "tests")).split(os.sep)
+    return parts[0] in PURE
+
+
 @pytest.fixture(scope="session", autouse=True)
-def native_hooks_built():
+def native_hooks_built(request):
     """commprof's native process-group hooks, built once for the whole run
     (as `commprof record` builds them before a job): every recorded DDP run
     of the suite then uses them, whatever the order of the tests. Where the
-    build fails, tests/record/test_native_hooks.py says why."""
-    proc = subprocess.run([sys.executable, "-c", "from commprof.record import native; native.build()"],
+    build fails, tests/record/test_native_hooks.py says why. Not built when
+    only tests that never record are collected."""
+    if all(_pure(item) for item in request.session.items):
+        return None
+    return subprocess.run([sys.executable, "-c", "from commprof.record import native; native.build()"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
-    return proc
 
 
 @pytest.fixture(autouse=True)
-def no_leaks():
-    """Every test must leave torch, os and the import system as it found them."""
-    import torch  # noqa: F401  (so torch's patch points are always compared)
+def no_leaks(request):
+    """Every test must leave torch, os and the import system as it found them
+    (torch's patch points compared wherever a test may record: torch is
+    imported first, so they always are)."""
+    if not _pure(request.node):
+        import torch  # noqa: F401
 
     before = _patch_points()
     yield
