@@ -98,8 +98,10 @@ def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[in
             continue
         off, unc, feasible, n, method = est
         stride = pairs.attrs.get("stride", 1) if pairs is not None else 1
+        if comm is not None:                # a sample of the run's calls (analyzers/run.py) or of these
+            stride *= comm.attrs.get("stride", 1)
         if stride > 1 and comm is not None:
-            method += f"; one instance in {stride} (of {len(comm):,} calls)"
+            method += f"; one instance in {stride} (of {comm.attrs.get('calls', len(comm)):,} calls)"
         dom_off[d] = off
         rows.append(_row(d, ranks, off, guess, unc, feasible, n, method))
     offsets = {r: dom_off[d] for r, d in dom.items()}

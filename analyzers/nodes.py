@@ -82,6 +82,26 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataF
     return pd.DataFrame(rows, columns=SCOPE_COLUMNS)
 
 
+def with_counts(scope: pd.DataFrame, counts: pd.DataFrame, hosts: Dict[int, str],
+                comm: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """The scope table with its calls and bytes per call from exact counts
+    per (op, group) (``counts``), where its medians come from a sample of
+    the calls (``comm``)."""
+    if scope.empty or counts.empty:
+        return scope
+    sc = group_scope(comm, hosts)
+    c = counts.assign(scope=counts["group"].map(sc))
+    per = c.groupby(["op", "scope"])[["calls", "bytes_sum", "bytes_n"]].sum()
+    out = scope.copy()
+    for i, row in out.iterrows():
+        key = (row["op"], row["scope"])
+        if key in per.index:
+            calls, b_sum, b_n = per.loc[key]
+            out.at[i, "calls"] = int(calls)
+            out.at[i, "bytes_per_call"] = float(b_sum) / float(b_n) if b_n else np.nan
+    return out
+
+
 def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
              comm: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     if steps.empty or len(set(hosts.values())) <= 1:

@@ -113,11 +113,12 @@ NOTES = [
 
 
 def analyze_run(chunks: Iterable, meta: dict, rank_metas: List[dict], path: str, warmup: int = 1,
-                batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None):
+                batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None, reread=None):
     """One run (its events as chunks of whole ranks, REPORT_COLUMNS) -> RunAnalysis."""
     from .run import analyze_chunks
 
-    analysis = analyze_chunks(chunks, meta, rank_metas, warmup=warmup, batch_size=batch_size, group_by=group_by)
+    analysis = analyze_chunks(chunks, meta, rank_metas, warmup=warmup, batch_size=batch_size, group_by=group_by,
+                              reread=reread)
     analysis.meta["path"] = path
     _check_steps(analysis)
     return analysis
@@ -221,6 +222,11 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
     ends_t, finds = _failures(runs, finds)
     notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
     for r in runs:
+        k, calls = getattr(r, "comm_sample", (1, 0))
+        if k > 1:
+            notes.append(f"{r.meta['path']}: clock alignment, the per-scope medians, the inter-node links and "
+                         f"the per-node bandwidth read one collective instance in {k} ({calls:,} calls; whole "
+                         "instances, every rank); counts and all other tables read every call.")
         if r.meta.get("salvaged_ranks"):
             notes.append(f"{r.meta['path']}: rank(s) {r.meta['salvaged_ranks']} were killed; "
                          "their events up to the last flush are included.")

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from . import breakdown, buckets, clocks, kernels, nodes, slowlinks
 from .collectives import CollectiveStats
-from .events import Events, device_times
+from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline
 from ..trace.metadata import batch_size as infer_batch_size
 from ..trace.schema import CAT
@@ -70,6 +70,9 @@ class RunAnalysis:
     fine_grads: pd.DataFrame = field(default_factory=pd.DataFrame)      # per (rank, step, bucket)
     #: seconds spent per analysis stage (``commprof report --timings``)
     timings: Dict[str, float] = field(default_factory=dict)
+    #: (k, calls): clock alignment, scope, link and per-host bandwidth tables
+    #: read one collective instance in k of the run's calls (k = 1: all)
+    comm_sample: Tuple[int, int] = (1, 0)
 
     @property
     def n_steps(self) -> int:
@@ -103,6 +106,7 @@ class ChunkRows:
     telemetry: Optional[pd.DataFrame] = None    # GPU metrics per rank
     phases: Optional[pd.DataFrame] = None       # Horovod timeline phases
     fine: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None      # (phases, grads) of the sampled steps
+    span: Optional[pd.DataFrame] = None         # per rank: first and last measured step
 
     @property
     def compact_steps(self) -> pd.DataFrame:
@@ -120,21 +124,24 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     steps = breakdown.measured(breakdown.per_step(ev), warmup)
     if steps.empty:
         return ChunkRows(steps)
-    return ChunkRows(steps, _comm_rows(chunk, ev, steps, multi_host), _kernel_rows(chunk, ev),
-                     _telemetry_rows(chunk, ev), _phase_rows(chunk, ev), _fine_rows(chunk, ev, steps))
-
-
-def _comm_rows(chunk, ev: Events, steps: pd.DataFrame, multi_host: bool) -> Optional[pa.Table]:
-    """The collectives of each rank's measured steps; several hosts: only
-    the columns the folds read (kept until the clocks are aligned)."""
-    is_comm = ev.cat == CAT["comm"]
-    if not is_comm.any():
-        return None
     span = steps.groupby("rank")["step"].agg(["min", "max"])
+    return ChunkRows(steps, _comm_rows(chunk, ev.rank, ev.step, ev.cat, span, multi_host),
+                     _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
+                     _fine_rows(chunk, ev, steps), span)
+
+
+def _comm_rows(chunk, rank: np.ndarray, step: np.ndarray, cat: np.ndarray, span: pd.DataFrame,
+               multi_host: bool) -> Optional[pa.Table]:
+    """The collectives of each rank's measured steps (``span``: per rank,
+    its first and last measured step); several hosts: only the columns the
+    folds read."""
+    is_comm = cat == CAT["comm"]
+    if not is_comm.any() or span.empty:
+        return None
     ranks = span.index.to_numpy(np.int64)
-    pos = np.clip(np.searchsorted(ranks, ev.rank), 0, len(ranks) - 1)
-    keep = is_comm & (ranks[pos] == ev.rank) & (ev.step >= span["min"].to_numpy()[pos]) \
-        & (ev.step <= span["max"].to_numpy()[pos])
+    pos = np.clip(np.searchsorted(ranks, rank), 0, len(ranks) - 1)
+    keep = is_comm & (ranks[pos] == rank) & (step >= span["min"].to_numpy()[pos]) \
+        & (step <= span["max"].to_numpy()[pos])
     comm = chunk.filter(pa_mask(keep))
     if multi_host:
         comm = comm.select([c for c in COMM_COLUMNS if c in comm.column_names and not (
@@ -217,44 +224,119 @@ class Frames:
 
 
 class Collectives:
-    """Collective statistics fed chunk by chunk. One host: folded as they
-    come (memory bounded by a chunk). Several hosts: the per-call sketches
-    as they come (they need no offsets), the per-instance aggregates kept
-    until the clocks are aligned."""
+    """Collective statistics fed chunk by chunk.
 
-    def __init__(self, multi_host: bool):
+    One host: folded as they come (memory bounded by a chunk). Several
+    hosts: the per-call sketches as they come (they need no offsets) and a
+    bounded sample of the calls for the clock alignment (:class:`CallSample`);
+    the per-instance aggregates need the aligned clocks: with ``reread``
+    (a function giving the trace's chunks again) they are folded in a
+    second pass once the offsets are known, memory bounded by a chunk;
+    without it every chunk's collectives are kept until then."""
+
+    def __init__(self, multi_host: bool, reread: Optional[Callable[[], Iterable[pa.Table]]] = None):
         self.stats = CollectiveStats()
         self.multi_host = multi_host
+        self.reread = reread if multi_host else None
         self.kept: List[pa.Table] = []
+        self.spans: List[pd.DataFrame] = []
+        self.sample = CallSample(clocks.MAX_ALIGN_CALLS if self.reread is not None else None)
+        self.calls = CallCounts()
 
-    def add(self, comm: Optional[pa.Table]) -> None:
+    def add(self, comm: Optional[pa.Table], span: Optional[pd.DataFrame] = None) -> None:
+        if span is not None and self.reread is not None:
+            self.spans.append(span)
         if comm is None:
             return
-        if self.multi_host:
-            self.stats.add_calls_of(comm)
-            self.kept.append(comm)
-        else:
+        if not self.multi_host:
             self.stats.add(comm)
+            return
+        self.stats.add_calls_of(comm)
+        self.sample.add(comm)
+        if self.reread is None:
+            self.kept.append(comm)
 
     def aligned_frame(self) -> Optional[pd.DataFrame]:
-        """The columns clock alignment needs (completion on the device where
-        measured); None on one host."""
-        if not self.multi_host or not self.kept:
-            return None
-        frames = []
-        for c in self.kept:
-            f = c.select([x for x in _ALIGN_COLUMNS if x in c.column_names]).to_pandas()
-            dev = device_times(c)
-            if dev is not None:
-                _d0, d1, has = dev
-                f["t_end"] = np.where(has, d1, f["t_end"].to_numpy())
-            frames.append(f)
-        return pd.concat(frames, ignore_index=True)
+        """The calls clock alignment and the per-scope / per-link / per-host
+        tables read (completion on the device where measured); None on one
+        host."""
+        return self.sample.frame() if self.multi_host else None
 
     def finish(self, offsets: Dict[int, int]) -> CollectiveStats:
+        if self.reread is not None:
+            span = pd.concat(self.spans) if self.spans else pd.DataFrame(columns=["min", "max"])
+            span = span[~span.index.duplicated()].sort_index()
+            for chunk in self.reread():
+                cat = _codes(chunk.column("category"), CAT_CODES)
+                comm = _comm_rows(chunk, _np(chunk.column("rank"), np.int64), _np(chunk.column("step"), np.int64),
+                                  cat, span, True)
+                if comm is not None:
+                    self.stats.add_instances_of(comm, offsets)
+                    if self.sample.stride > 1:
+                        self.calls.add(comm)
         while self.kept:                    # each chunk freed once folded
             self.stats.add_instances_of(self.kept.pop(0), offsets)
         return self.stats
+
+
+class CallSample:
+    """The calls of every ``stride``-th sequence number (whole instances on
+    every rank), ``stride`` a power of two doubled whenever more than
+    ``limit`` calls are kept (None: every call)."""
+
+    def __init__(self, limit: Optional[int] = None):
+        self.limit = limit
+        self.stride = 1
+        self.calls = 0
+        self.frames: List[pd.DataFrame] = []
+        self.rows = 0
+
+    def add(self, comm: pa.Table) -> None:
+        f = comm.select([x for x in _ALIGN_COLUMNS if x in comm.column_names]).to_pandas()
+        dev = device_times(comm)
+        if dev is not None:
+            _d0, d1, has = dev
+            f["t_end"] = np.where(has, d1, f["t_end"].to_numpy())
+        self.calls += len(f)
+        f = self._keep(f)
+        self.frames.append(f)
+        self.rows += len(f)
+        while self.limit is not None and self.rows > self.limit:
+            self.stride *= 2
+            self.frames = [self._keep(x) for x in self.frames]
+            self.rows = sum(len(x) for x in self.frames)
+
+    def _keep(self, f: pd.DataFrame) -> pd.DataFrame:
+        if self.stride == 1 or "seq" not in f:
+            return f
+        return f[np.nan_to_num(f["seq"].to_numpy(np.float64)) % self.stride == 0]
+
+    def frame(self) -> Optional[pd.DataFrame]:
+        if not self.frames:
+            return None
+        out = pd.concat(self.frames, ignore_index=True)
+        out.attrs["stride"], out.attrs["calls"] = self.stride, self.calls
+        return out
+
+
+class CallCounts:
+    """Exact calls and bytes per (op, group), for tables read from a sample."""
+
+    def __init__(self):
+        self.parts: List[pd.DataFrame] = []
+
+    def add(self, comm: pa.Table) -> None:
+        f = comm.select(["name", "group", "bytes"]).to_pandas()
+        self.parts.append(f.groupby(["name", "group"], observed=True, dropna=False)["bytes"]
+                          .agg(["size", "sum", "count"]).reset_index())
+
+    def frame(self) -> pd.DataFrame:
+        if not self.parts:
+            return pd.DataFrame(columns=["op", "group", "calls", "bytes_sum", "bytes_n"])
+        f = pd.concat(self.parts, ignore_index=True)
+        f = f.assign(name=f["name"].astype(str), group=f["group"].astype(str))
+        g = f.groupby(["name", "group"], dropna=False)[["size", "sum", "count"]].sum().reset_index()
+        return g.rename(columns={"name": "op", "size": "calls", "sum": "bytes_sum", "count": "bytes_n"})
 
 
 class FineGrain:
@@ -311,6 +393,7 @@ def _small_window(chunk, steps: pd.DataFrame) -> pd.DataFrame:
 @dataclass
 class _Accumulators:
     multi_host: bool
+    reread: Optional[Callable[[], Iterable[pa.Table]]] = None
     steps: Frames = field(default_factory=lambda: Frames(
         [c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")]))
     telemetry: Frames = field(default_factory=Frames)
@@ -322,7 +405,7 @@ class _Accumulators:
     timeline: Timeline = field(init=False)
 
     def __post_init__(self):
-        self.colls = Collectives(self.multi_host)
+        self.colls = Collectives(self.multi_host, self.reread)
         self.timeline = Timeline(self.multi_host)
 
     def add(self, chunk: pa.Table, rows: ChunkRows) -> None:
@@ -334,7 +417,7 @@ class _Accumulators:
         if rows.kernels is not None:
             self.kernel_shares.add(rows.kernels[0])
             self.gpu_breakdown.add(rows.kernels[1])
-        self.colls.add(rows.comm)
+        self.colls.add(rows.comm, rows.span)
         self.timeline.add(chunk, steps)
 
 
@@ -423,12 +506,17 @@ def model_flops(rank_metas: List[dict]) -> Optional[float]:
 
 
 def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
-                   batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None) -> RunAnalysis:
-    """Analyse a run given an iterable of Arrow tables, each holding whole ranks."""
+                   batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None,
+                   reread: Optional[Callable[[], Iterable[pa.Table]]] = None) -> RunAnalysis:
+    """Analyse a run given an iterable of Arrow tables, each holding whole
+    ranks. ``reread``: a function giving the same chunks again (at least
+    COMM_COLUMNS, step and category): a run on several hosts then keeps a
+    bounded sample of its collectives, not all of them, until its clocks
+    are aligned."""
     hosts = {r: d[0] for r, d in clocks.domains(rank_metas).items()}
     multi_host = len(set(clocks.domains(rank_metas).values())) > 1
     several = len(set(hosts.values())) > 1
-    acc = _Accumulators(multi_host)
+    acc = _Accumulators(multi_host, reread)
     clock = _Clock()
     _read_and_sweep(chunks, lambda chunk: sweep(chunk, warmup, multi_host), acc, clock)
     # the hosts' clocks are aligned from all ranks' collectives before the
@@ -445,6 +533,10 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                            if several else (pd.DataFrame(), pd.DataFrame()))
         colls = acc.colls.finish(offsets)
         scope, links = side.result()
+    if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
+        counts = acc.colls.calls.frame()
+        scope = nodes.with_counts(scope, counts, hosts, cframe)
+        links = slowlinks.with_counts(links, counts)
     if multi_host:
         clock.since("collectives folded; scope and link tables", t0)
     steps = acc.steps.finish()
@@ -459,4 +551,5 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         telemetry=acc.telemetry.finish(), phases=acc.phases.finish(),
         kernel_shares=acc.kernel_shares.finish(), gpu_breakdown=acc.gpu_breakdown.finish(),
         clocks=clock_table, offsets=offsets, hosts=hosts, nodes=per_host, scope=scope, links=links,
-        fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent)
+        fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent,
+        comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls))

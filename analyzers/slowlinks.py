@@ -103,6 +103,21 @@ def group_speeds(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.Data
     return out
 
 
+def with_counts(groups: pd.DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
+    """The groups' instance counts from exact calls per (op, group)
+    (``counts``: the run's every call) where the table was built from a
+    sample of the instances: calls / ranks of the group."""
+    if groups.empty or counts.empty:
+        return groups
+    per = counts.set_index(["op", "group"])["calls"]
+    out = groups.copy()
+    for i, row in out.iterrows():
+        key = (row["op"], row["group"])
+        if key in per.index and row["ranks"]:
+            out.at[i, "calls"] = int(per.loc[key]) // int(row["ranks"])
+    return out
+
+
 def _size(b: float) -> str:
     for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if b >= 1 << k:

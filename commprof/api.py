@@ -131,6 +131,7 @@ class Trace:
 
     def _analyse(self, warmup, batch_size, group_by, chunk_rows):
         from .analyzers.report import REPORT_COLUMNS, analyze_run
+        from .analyzers.run import COMM_COLUMNS
         from .progress import Bar
 
         with Bar(f"reading {os.path.basename(self.path.rstrip(os.sep))}", len(self.ranks) or None, "ranks") as bar:
@@ -139,8 +140,11 @@ class Trace:
                     yield table
                     bar.advance(len(pc.unique(table.column("rank"))) if table.num_rows else 0)
 
-            return analyze_run(chunks(), self.meta, self.ranks, self.path,
-                               warmup=warmup, batch_size=batch_size, group_by=group_by)
+            def collectives():      # a second pass, a run on several hosts only (analyzers/run.py)
+                return self.chunks(COMM_COLUMNS + ["step", "category"], chunk_rows)
+
+            return analyze_run(chunks(), self.meta, self.ranks, self.path, warmup=warmup, batch_size=batch_size,
+                               group_by=group_by, reread=collectives)
 
     def report(self, warmup: int = 1, batch_size: Optional[int] = None,
                group_by: Optional[Sequence[str]] = None, peak_tflops: Optional[float] = None):

@@ -183,77 +183,113 @@ def _slice_texts(table: pa.Table, base: int, whole: pa.Table):
     ``json.dumps`` writes it. ``whole``: the rank's table (integer columns
     with missing values anywhere are written as floats, as pandas holds
     them)."""
-    rank = table.column("rank").to_numpy().astype(np.int64)
-    cats = table.column("category").combine_chunks()
-    if not pa.types.is_dictionary(cats.type):
-        cats = pc.dictionary_encode(cats)
-    names = cats.dictionary.to_pylist()
-    ci = cats.indices.to_numpy(zero_copy_only=False)
-    cat = np.array(names + [""], dtype=object)[np.where(pd.isna(ci), len(names), ci).astype(np.int64)] \
-        if len(ci) else np.array([], dtype=object)
-    t0 = table.column("t_start").to_numpy().astype(np.int64)
-    t1 = table.column("t_end").to_numpy().astype(np.int64)
-    step = table.column("step").to_numpy().astype(np.int64)
-    n = table.num_rows
-    pieces = []                  # (row indices, text array) per kind
-    cpu = pc.cast(pa.array(CPU_PID + rank), pa.string())
-    gpu = pc.cast(pa.array(rank), pa.string())
+    r = _RankColumns(table, base, whole)
+    pieces = [p for p in (_step_texts(r), _wait_texts(r), _compute_texts(r), _comm_texts(r), _kernel_texts(r))
+              if p is not None]
+    yield _in_row_order(pieces, table.num_rows)
 
-    def sel_of(kinds):
-        return np.flatnonzero(np.isin(cat, kinds))
 
-    def common(sel):
-        return (_us_text(t0[sel] - base), _us_text(np.maximum(t1[sel] - t0[sel], 0)),
-                pc.cast(pa.array(step[sel]), pa.string()), pc.take(cpu, pa.array(sel)), pc.take(gpu, pa.array(sel)))
+class _RankColumns:
+    """One rank's rows as arrays, and the text of their common fields."""
 
-    def col(name, sel, fmt=None, kind="str"):
-        c = table.column(name).take(pa.array(sel))
-        return _str_text(c, fmt) if kind == "str" else _num_text(c, whole.column(name).null_count > 0)
+    def __init__(self, table: pa.Table, base: int, whole: pa.Table):
+        self.table, self.base, self.whole = table, base, whole
+        rank = table.column("rank").to_numpy().astype(np.int64)
+        cats = table.column("category").combine_chunks()
+        if not pa.types.is_dictionary(cats.type):
+            cats = pc.dictionary_encode(cats)
+        names = cats.dictionary.to_pylist()
+        ci = cats.indices.to_numpy(zero_copy_only=False)
+        self.cat = np.array(names + [""], dtype=object)[np.where(pd.isna(ci), len(names), ci).astype(np.int64)] \
+            if len(ci) else np.array([], dtype=object)
+        self.t0 = table.column("t_start").to_numpy().astype(np.int64)
+        self.t1 = table.column("t_end").to_numpy().astype(np.int64)
+        self.step = table.column("step").to_numpy().astype(np.int64)
+        self.cpu = pc.cast(pa.array(CPU_PID + rank), pa.string())
+        self.gpu = pc.cast(pa.array(rank), pa.string())
 
-    sel = sel_of(["step"])
-    if len(sel):
-        ts, dur, st, c_pid, _g = common(sel)
-        pieces.append((sel, _join('{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#', st,
-                                  '", "pid": ', c_pid, ', "tid": 1, "ts": ', ts, ', "dur": ', dur,
-                                  ', "args": {"items": ', col("items", sel, kind="num"), '}}, ')))
-    sel = sel_of(["data", "wait"])
-    if len(sel):
-        ts, dur, st, c_pid, _g = common(sel)
-        tid = pa.array(np.where(cat[sel] == "data", str(TID["data"]), str(TID["wait"])).tolist(), pa.string())
-        pieces.append((sel, _join('{"ph": "X", "cat": "user_annotation", "name": ', col("name", sel), ', "pid": ',
-                                  c_pid, ', "tid": ', tid, ', "ts": ', ts, ', "dur": ', dur,
-                                  ', "args": {"step": ', st, '}}, ')))
-    sel = sel_of(["compute"])
-    if len(sel):
-        ts, dur, st, c_pid, g_pid = common(sel)
-        pieces.append((sel, _join('{"ph": "X", "cat": "user_annotation", "name": ', col("name", sel), ', "pid": ',
-                                  c_pid, ', "tid": 3, "ts": ', ts, ', "dur": ', dur, ', "args": {"step": ', st,
-                                  ', "detail": ', col("detail", sel), '}}, ',
-                                  '{"ph": "X", "cat": "kernel", "name": ',
-                                  col("name", sel, lambda v: f"commprof::{v}"), ', "pid": ', g_pid,
-                                  f', "tid": {GPU_COMPUTE_TID}, "ts": ', ts, ', "dur": ', dur,
-                                  f', "args": {{"device": 0, "stream": {GPU_COMPUTE_TID}, "step": ', st, '}}, ')))
-    sel = sel_of(["comm"])
-    if len(sel):
-        ts, dur, st, _c, g_pid = common(sel)
-        kname = col("name", sel, lambda v: "ncclKernel_" + "".join(w.capitalize() for w in str(v).split("_"))
-                    + "_commprof")
-        pieces.append((sel, _join('{"ph": "X", "cat": "kernel", "name": ', kname, ', "pid": ', g_pid,
-                                  f', "tid": {GPU_COMM_TID}, "ts": ', ts, ', "dur": ', dur,
-                                  f', "args": {{"device": 0, "stream": {GPU_COMM_TID}, "Collective name": ',
-                                  col("name", sel), ', "bytes": ', col("bytes", sel, kind="num"), ', "dtype": ',
-                                  col("dtype", sel), ', "Group size": ', col("group_size", sel, kind="num"),
-                                  ', "Process Group Name": ', col("group", sel), ', "seq": ',
-                                  col("seq", sel, kind="num"), ', "blocking": ', col("blocking", sel, kind="num"),
-                                  ', "source": ', col("source", sel), ', "step": ', st, '}}, ')))
-    sel = sel_of(["kernel"])
-    if len(sel):
-        ts, dur, _s, _c, g_pid = common(sel)
-        pieces.append((sel, _join('{"ph": "X", "cat": "kernel", "name": ', col("detail", sel, str), ', "pid": ',
-                                  g_pid, f', "tid": {GPU_KERNEL_TID}, "ts": ', ts, ', "dur": ', dur,
-                                  f', "args": {{"device": 0, "stream": {GPU_KERNEL_TID}, "class": ',
-                                  col("name", sel), '}}, ')))
-    # every row's text (empty for rows that make no event), in row order
+    def rows(self, kinds) -> np.ndarray:
+        return np.flatnonzero(np.isin(self.cat, kinds))
+
+    def common(self, sel):
+        """(ts, dur, step, CPU pid, GPU pid) as text."""
+        return (_us_text(self.t0[sel] - self.base), _us_text(np.maximum(self.t1[sel] - self.t0[sel], 0)),
+                pc.cast(pa.array(self.step[sel]), pa.string()), pc.take(self.cpu, pa.array(sel)),
+                pc.take(self.gpu, pa.array(sel)))
+
+    def col(self, name, sel, fmt=None, kind="str"):
+        c = self.table.column(name).take(pa.array(sel))
+        return _str_text(c, fmt) if kind == "str" else _num_text(c, self.whole.column(name).null_count > 0)
+
+
+def _step_texts(r: _RankColumns):
+    sel = r.rows(["step"])
+    if not len(sel):
+        return None
+    ts, dur, st, c_pid, _g = r.common(sel)
+    return sel, _join('{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#', st,
+                      '", "pid": ', c_pid, ', "tid": 1, "ts": ', ts, ', "dur": ', dur,
+                      ', "args": {"items": ', r.col("items", sel, kind="num"), '}}, ')
+
+
+def _wait_texts(r: _RankColumns):
+    sel = r.rows(["data", "wait"])
+    if not len(sel):
+        return None
+    ts, dur, st, c_pid, _g = r.common(sel)
+    tid = pa.array(np.where(r.cat[sel] == "data", str(TID["data"]), str(TID["wait"])).tolist(), pa.string())
+    return sel, _join('{"ph": "X", "cat": "user_annotation", "name": ', r.col("name", sel), ', "pid": ',
+                      c_pid, ', "tid": ', tid, ', "ts": ', ts, ', "dur": ', dur,
+                      ', "args": {"step": ', st, '}}, ')
+
+
+def _compute_texts(r: _RankColumns):
+    """A compute region: a host annotation and a device kernel."""
+    sel = r.rows(["compute"])
+    if not len(sel):
+        return None
+    ts, dur, st, c_pid, g_pid = r.common(sel)
+    return sel, _join('{"ph": "X", "cat": "user_annotation", "name": ', r.col("name", sel), ', "pid": ',
+                      c_pid, ', "tid": 3, "ts": ', ts, ', "dur": ', dur, ', "args": {"step": ', st,
+                      ', "detail": ', r.col("detail", sel), '}}, ',
+                      '{"ph": "X", "cat": "kernel", "name": ',
+                      r.col("name", sel, lambda v: f"commprof::{v}"), ', "pid": ', g_pid,
+                      f', "tid": {GPU_COMPUTE_TID}, "ts": ', ts, ', "dur": ', dur,
+                      f', "args": {{"device": 0, "stream": {GPU_COMPUTE_TID}, "step": ', st, '}}, ')
+
+
+def _comm_texts(r: _RankColumns):
+    """A collective: an NCCL-named kernel with the args HTA reads."""
+    sel = r.rows(["comm"])
+    if not len(sel):
+        return None
+    ts, dur, st, _c, g_pid = r.common(sel)
+    kname = r.col("name", sel, lambda v: "ncclKernel_" + "".join(w.capitalize() for w in str(v).split("_"))
+                  + "_commprof")
+    return sel, _join('{"ph": "X", "cat": "kernel", "name": ', kname, ', "pid": ', g_pid,
+                      f', "tid": {GPU_COMM_TID}, "ts": ', ts, ', "dur": ', dur,
+                      f', "args": {{"device": 0, "stream": {GPU_COMM_TID}, "Collective name": ',
+                      r.col("name", sel), ', "bytes": ', r.col("bytes", sel, kind="num"), ', "dtype": ',
+                      r.col("dtype", sel), ', "Group size": ', r.col("group_size", sel, kind="num"),
+                      ', "Process Group Name": ', r.col("group", sel), ', "seq": ',
+                      r.col("seq", sel, kind="num"), ', "blocking": ', r.col("blocking", sel, kind="num"),
+                      ', "source": ', r.col("source", sel), ', "step": ', st, '}}, ')
+
+
+def _kernel_texts(r: _RankColumns):
+    sel = r.rows(["kernel"])
+    if not len(sel):
+        return None
+    ts, dur, _s, _c, g_pid = r.common(sel)
+    return sel, _join('{"ph": "X", "cat": "kernel", "name": ', r.col("detail", sel, str), ', "pid": ',
+                      g_pid, f', "tid": {GPU_KERNEL_TID}, "ts": ', ts, ', "dur": ', dur,
+                      f', "args": {{"device": 0, "stream": {GPU_KERNEL_TID}, "class": ',
+                      r.col("name", sel), '}}, ')
+
+
+def _in_row_order(pieces, n: int) -> bytes:
+    """Every row's text (empty for rows that make no event), in row order,
+    as one byte string."""
     pos = np.full(n, -1, np.int64)
     arrays, offset = [], 0
     for sel, text in pieces:
@@ -267,7 +303,7 @@ def _slice_texts(table: pa.Table, base: int, whole: pa.Table):
     offs = rows.buffers()[1]
     data = rows.buffers()[2]
     o = np.frombuffer(offs, np.int64)[rows.offset:rows.offset + len(rows) + 1]
-    yield memoryview(data)[o[0]:o[-1]].tobytes()
+    return memoryview(data)[o[0]:o[-1]].tobytes()
 
 
 class _Flows:

@@ -182,61 +182,90 @@ def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None, kernels_
             raise TraceFormatError(f"{path}: no distributedInfo.rank; give --rank for single-GPU traces")
     world = int(info.get("world_size") or 1)
     rank = int(rank)
-    base = int(doc.get("baseTimeNanoseconds") or 0)
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         raise TraceFormatError(f"{path}: no traceEvents list")
+    ctx = _Context(events, int(doc.get("baseTimeNanoseconds") or 0) + clock_offset_ns, step_of_time)
+    rows, comm_rows, n_kernels = _rows(events, ctx, world, kernels_only)
+    rows += _numbered(comm_rows)
+    if n_kernels == 0 and not rows and not kernels_only:
+        raise TraceFormatError(f"{path}: no events to import")
+    meta = {"rank": rank, "world_size": world, "rank_source": "distributedInfo" if "rank" in info else "--rank",
+            "host": None, "source_file": os.path.basename(path), "backend": info.get("backend"),
+            "nccl_version": info.get("nccl_version"), "status": "complete", "kernels": n_kernels,
+            "steps": len(ctx.steps), "device": (doc.get("deviceProperties") or [{}])[0].get("name")
+            if doc.get("deviceProperties") else None}
+    return rows, meta
 
-    def ns(ts) -> int:
-        return int(round(float(ts) * 1000.0)) + base + clock_offset_ns
 
-    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "ts" in e]
-    op_by_ext = {}
-    for e in ops:
-        ext = (e.get("args") or {}).get("External id")
-        if ext is not None:
-            op_by_ext.setdefault(ext, e["name"])
-    launches = {}
-    for e in events:
-        # cudaLaunchKernel & co. (cuda_runtime) and cuLaunchKernelEx & co.
-        # (cuda_driver: Triton, CUTLASS 3, NCCL's newer launch paths)
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X":
-            corr = (e.get("args") or {}).get("correlation")
-            if corr is not None:
-                launches[corr] = e
-    index = _OpIndex(ops)
-    steps = sorted((e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-                    and e.get("cat") in ("user_annotation", "cpu_op")), key=lambda e: e["ts"])
-    step_starts = [ns(e["ts"]) for e in steps]
-    step_ids = [int(e["name"].split("#", 1)[1]) for e in steps]
+class _Context:
+    """What a kernel row needs from the rest of the trace: times in ns on
+    ``base``, CPU ops by External id and around a time, launches by
+    correlation id, the step of a time."""
 
-    def step_of(t: int) -> int:
-        if step_of_time is not None:
-            return step_of_time(t)
-        i = bisect_right(step_starts, t) - 1
-        return step_ids[i] if i >= 0 else (step_ids[0] - 1 if step_ids else 0)
+    def __init__(self, events: List[Dict[str, Any]], base: int, step_of_time=None):
+        self.base = base
+        ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "ts" in e]
+        self.op_by_ext: Dict[Any, str] = {}
+        for e in ops:
+            ext = (e.get("args") or {}).get("External id")
+            if ext is not None:
+                self.op_by_ext.setdefault(ext, e["name"])
+        self.launches: Dict[Any, Dict[str, Any]] = {}
+        for e in events:
+            # cudaLaunchKernel & co. (cuda_runtime) and cuLaunchKernelEx & co.
+            # (cuda_driver: Triton, CUTLASS 3, NCCL's newer launch paths)
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X":
+                corr = (e.get("args") or {}).get("correlation")
+                if corr is not None:
+                    self.launches[corr] = e
+        self.index = _OpIndex(ops)
+        self.steps = sorted((e for e in events if e.get("ph") == "X"
+                             and str(e.get("name", "")).startswith("ProfilerStep#")
+                             and e.get("cat") in ("user_annotation", "cpu_op")), key=lambda e: e["ts"])
+        self.step_starts = [self.ns(e["ts"]) for e in self.steps]
+        self.step_ids = [int(e["name"].split("#", 1)[1]) for e in self.steps]
+        self.step_of_time = step_of_time
 
+    def ns(self, ts) -> int:
+        return int(round(float(ts) * 1000.0)) + self.base
+
+    def step_of(self, t: int) -> int:
+        if self.step_of_time is not None:
+            return self.step_of_time(t)
+        i = bisect_right(self.step_starts, t) - 1
+        return self.step_ids[i] if i >= 0 else (self.step_ids[0] - 1 if self.step_ids else 0)
+
+    def launching_op(self, args: Dict[str, Any]):
+        """(the kernel's CPU op, its launch event): by External id, else the
+        innermost CPU op around the launch."""
+        op = self.op_by_ext.get(args.get("External id"))
+        launch = self.launches.get(args.get("correlation"))
+        if op is None and launch is not None:
+            enclosing = self.index.innermost(launch.get("pid"), launch.get("tid"), launch["ts"])
+            op = enclosing["name"] if enclosing else None
+        return op, launch
+
+
+def _rows(events, ctx: _Context, world: int, kernels_only: bool):
+    """(kernel, step, region and data rows in trace order; the NCCL kernels'
+    collective rows, unnumbered; how many kernels)."""
     rows: List[tuple] = []
-    comm_rows: List[list] = []
+    comm_rows: List[tuple] = []
     n_kernels = 0
     for e in events:
         cat = e.get("cat")
         if e.get("ph") != "X" or "ts" not in e:
             continue
-        t0 = ns(e["ts"])
+        t0 = ctx.ns(e["ts"])
         t1 = t0 + int(round(float(e.get("dur", 0)) * 1000.0))
         args = e.get("args") or {}
         name = str(e.get("name", ""))
         if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             n_kernels += 1
-            op = op_by_ext.get(args.get("External id"))
-            launch = launches.get(args.get("correlation"))
-            if op is None and launch is not None:
-                enclosing = index.innermost(launch.get("pid"), launch.get("tid"), launch["ts"])
-                op = enclosing["name"] if enclosing else None
+            op, launch = ctx.launching_op(args)
             cls = classify(name, cat, op)
-            launch_t = ns(launch["ts"]) if launch is not None else t0
-            step = step_of(launch_t)
+            step = ctx.step_of(ctx.ns(launch["ts"]) if launch is not None else t0)
             rows.append(Event(step, "kernel", cls, op, name, t0, t1, t0, t1, bytes=args.get("bytes")))
             # In kernel mode the host rows already are the collectives (with
             # their group's sequence numbers): NCCL kernels stay kernels, or
@@ -244,31 +273,28 @@ def convert(doc: Dict[str, Any], path: str, rank: Optional[int] = None, kernels_
             if cls == "nccl" and not kernels_only:
                 coll = collective_of(name, args)
                 nbytes, dtype = nccl_bytes(coll, args)
-                group = str(args.get("Process Group Name") or "0")
                 gsize = args.get("Group size")
                 comm_rows.append(Event(step, "comm", coll, "kineto", name, t0, t1, t0, t1, bytes=nbytes,
-                                       dtype=dtype, group=group,
+                                       dtype=dtype, group=str(args.get("Process Group Name") or "0"),
                                        group_size=int(gsize) if gsize is not None else world,
                                        blocking=False))
         elif cat in ("user_annotation", "cpu_op") and not kernels_only:
             if name.startswith("ProfilerStep#"):
                 rows.append(Event(int(name.split("#", 1)[1]), "step", "step", "kineto", None, t0, t1))
             elif cat == "user_annotation" and name in ("## forward ##", "## backward ##", "## optimizer ##"):
-                rows.append(Event(step_of(t0), "compute", name.strip("# ").strip(), "kineto", name, t0, t1))
+                rows.append(Event(ctx.step_of(t0), "compute", name.strip("# ").strip(), "kineto", name, t0, t1))
             elif cat == "user_annotation" and name.startswith("enumerate(DataLoader)"):
-                rows.append(Event(step_of(t0), "data", "dataloader", "kineto", name, t0, t1))
-    # NCCL kernels of one group run in the same order on every rank (one
-    # stream per communicator): number them by start time.
+                rows.append(Event(ctx.step_of(t0), "data", "dataloader", "kineto", name, t0, t1))
+    return rows, comm_rows, n_kernels
+
+
+def _numbered(comm_rows: List[tuple]) -> List[tuple]:
+    """NCCL kernels of one group run in the same order on every rank (one
+    stream per communicator): numbered by start time."""
     seq: Dict[str, int] = {}
+    out = []
     for r in sorted(comm_rows, key=lambda r: (r.t_start, r.t_end)):
         n = seq.get(r.group, 0)
         seq[r.group] = n + 1
-        rows.append(r._replace(seq=n))
-    if n_kernels == 0 and not rows and not kernels_only:
-        raise TraceFormatError(f"{path}: no events to import")
-    meta = {"rank": rank, "world_size": world, "rank_source": "distributedInfo" if "rank" in info else "--rank",
-            "host": None, "source_file": os.path.basename(path), "backend": info.get("backend"),
-            "nccl_version": info.get("nccl_version"), "status": "complete", "kernels": n_kernels,
-            "steps": len(steps), "device": (doc.get("deviceProperties") or [{}])[0].get("name")
-            if doc.get("deviceProperties") else None}
-    return rows, meta
+        out.append(r._replace(seq=n))
+    return out

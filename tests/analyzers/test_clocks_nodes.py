@@ -117,3 +117,45 @@ def test_scope_split_and_slow_host():
     assert int(t3["needed"].iloc[0]) > 3 and nodes.slow_host(t3) is None
     # equal hosts: one of two is always above the other, neither is accused
     assert nodes.slow_host(nodes.per_host(steps_of(40, comm_b=40e6), late, hosts, comm)) is None
+
+
+def test_a_multi_host_run_past_the_call_budget_keeps_a_sample_and_exact_counts(tmp_path, monkeypatch):
+    """A run on several hosts keeps one collective instance in k (k a power
+    of two) for clock alignment and the per-scope / per-link / per-node
+    bandwidth medians, then folds every call on the aligned clocks in a
+    second pass: the per-instance tables and every count equal the
+    unsampled analysis', the offsets stay within their uncertainty, and the
+    report says what was sampled."""
+    import os
+    import sys
+
+    import commprof
+    from commprof.assemble import merge
+    from conftest import ROOT
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from synth import write
+
+    shards, _n = write(str(tmp_path), 8, 200)   # 8 ranks on 2 hosts, 4 buckets: 6,368 calls measured
+    path = str(tmp_path / "trace.parquet")
+    merge(shards, path, {"run_id": "sample"})
+    full = commprof.load(path).report()
+    monkeypatch.setattr(clocks, "MAX_ALIGN_CALLS", 1000)
+    t = commprof.load(path)
+    sampled = t.report()
+    assert t.analysis().comm_sample == (8, 8 * 199 * 4)
+    for name in ("breakdown", "collectives"):                 # on no clock but each rank's own
+        pd.testing.assert_frame_equal(sampled.tables[name].frame, full.tables[name].frame)
+    for name, cols in (("scope", ["op", "scope", "calls", "bytes_per_call"]), ("links", ["group", "op", "calls"])):
+        pd.testing.assert_frame_equal(sampled.tables[name].frame[cols], full.tables[name].frame[cols])
+    b_full = full.tables["clocks"].frame.set_index("host").loc["node1"]
+    b = sampled.tables["clocks"].frame.set_index("host").loc["node1"]
+    assert "one instance in 8 (of 6,368 calls)" in b["method"]
+    shift = abs(b["offset_ms"] - b_full["offset_ms"])
+    assert shift <= 3 * max(b["uncertainty_ms"], 1e-6)
+    # cross-host figures move with the offset, no more
+    sk, sk_full = sampled.tables["skew"].frame, full.tables["skew"].frame
+    assert (sk["instances"] == sk_full["instances"]).all()
+    assert np.allclose(sk["skew_ms_mean"], sk_full["skew_ms_mean"], atol=shift + 1e-6)
+    assert any("one collective instance in 8 (6,368 calls" in n for n in sampled.notes)
+    assert not any("one collective instance in" in n for n in full.notes)
