@@ -46,6 +46,19 @@ def results():
     return out
 
 
+def _commit_time(commit: str) -> int:
+    """When a result's commit was made (newest first on the page); 0 where
+    git does not know it."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%ct", commit], cwd=ROOT, capture_output=True,
+                             text=True, timeout=30)
+        return int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return 0
+
+
 def _demote(text: str) -> str:
     lines = []
     fence = False
@@ -61,7 +74,8 @@ def _demote(text: str) -> str:
 def render() -> str:
     out = ["# Benchmarks", "",
            "Generated from `benchmarks/results/` by `python docs/tools/gen_benchmarks.py`: for each benchmark the",
-           "newest result files as they were written (command, date, commit and machine in each), then the older",
+           "newest result files as they were written (command, date, commit and machine in each; the newest commit",
+           "first), then the older",
            "ones by name. Machine, unless a file says otherwise: the 2-core, 24 GiB CI VM without a GPU, torch",
            "2.14.1, gloo. Speed and memory goals are met here, not in timed unit tests.", ""]
     res = results()
@@ -72,7 +86,7 @@ def render() -> str:
         out += [f"## {bench}", "", WHAT.get(bench, ""), "",
                 f"Script: `benchmarks/{bench}.py`" if os.path.exists(os.path.join(ROOT, "benchmarks", bench + ".py"))
                 else f"Script: `workloads/{bench}.py`", ""]
-        for d, c, variant, f in files:
+        for d, c, variant, f in sorted(files, key=lambda x: (x[0], _commit_time(x[1]), x[3]), reverse=True):
             if d != newest:
                 continue
             out += [f"### {d}, commit {c}" + (f" ({variant})" if variant else ""), "",
