@@ -195,41 +195,18 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
     ``pairs`` (where, results of ``commprof bench --pairs`` run beside the
     study), their findings too, and a node finding of the study points to
     them."""
-    from . import bottleneck, scaling
+    from . import scaling
 
     for r in runs:
         _check_steps(r)
     table = scaling.breakdown_table(runs, peak_tflops)
+    per_run = {attr: scaling.run_tables(runs, attr) for attr in ("clocks", "nodes", "scope", "links")}
+    mism = _mismatches(runs)
+    fine = fine_grain(runs)
     colls = scaling.collectives_table(runs)
     skews = scaling.skew_tables(runs)
     strag = scaling.straggler_tables(runs)
-    finds = bottleneck.findings(table, colls, skews, strag)
-    clock_t = scaling.run_tables(runs, "clocks")
-    node_t = scaling.run_tables(runs, "nodes")
-    scope_t = scaling.run_tables(runs, "scope")
-    link_t = scaling.run_tables(runs, "links")
-    mism = {}
-    for key, members in scaling._groups(runs).items():
-        ms = [m.colls.mismatches() for m in members]
-        ms = [t for t in ms if len(t)]
-        if ms:
-            mism[key] = pd.concat(ms, ignore_index=True)
-    finds = pd.concat([finds, bottleneck.node_findings(node_t, mism, table, link_t)], ignore_index=True)
-    finds = _with_pairs(finds, pairs)
-    fine = fine_grain(runs)
-    if len(fine["findings"]):
-        finds = pd.concat([finds, fine["findings"]], ignore_index=True)
-    ends_t, finds = _failures(runs, finds)
-    notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
-    for r in runs:
-        k, calls = getattr(r, "comm_sample", (1, 0))
-        if k > 1:
-            notes.append(f"{r.meta['path']}: clock alignment, the per-scope medians, the inter-node links and "
-                         f"the per-node bandwidth read one collective instance in {k} ({calls:,} calls; whole "
-                         "instances, every rank); counts and all other tables read every call.")
-        if r.meta.get("salvaged_ranks"):
-            notes.append(f"{r.meta['path']}: rank(s) {r.meta['salvaged_ranks']} were killed; "
-                         "their events up to the last flush are included.")
+    ends_t, finds = _failures(runs, _findings(table, colls, skews, strag, per_run, mism, pairs, fine))
     tables = {}
     if len(ends_t):
         tables["failure"] = Table("The job failed: how each rank ended (first to end first)", ends_t,
@@ -240,6 +217,67 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
         tables["study"] = Table("Side by side (busy shares of step time, as scaling studies report them)",
                                 study, [(c, "GPUs" if c == "gpus" else c, "d" if c == "gpus" else ".1f")
                                        for c in study.columns])
+    tables.update(_gpu_tables(runs))
+    tables.update(_fine_tables(fine))
+    tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
+    tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
+                           scaling.stack(skews), SKEW_COLUMNS)
+    tables["stragglers"] = Table("Stragglers (ranks late beyond chance)",
+                                 stragglers.accused(scaling.stack(strag)), STRAGGLER_COLUMNS)
+    tables.update(_node_tables(per_run, mism))
+    tables["bottlenecks"] = Table("Bottlenecks and what to try", finds, FINDING_COLUMNS, style="list")
+    report = Report(title="commprof report", tables=tables, notes=_notes(runs, warmup), runs=[r.meta for r in runs])
+    report.extras["timelines"] = {f"{r.label} @ {r.world_size} GPUs": r.timeline for r in runs}
+    report.extras["gantt"] = fine["gantt"]
+    return report
+
+
+def _mismatches(runs) -> Dict[tuple, pd.DataFrame]:
+    """Per (configuration, GPU count): the collectives its ranks disagree on."""
+    from . import scaling
+
+    mism = {}
+    for key, members in scaling.run_groups(runs).items():
+        ms = [t for t in (m.colls.mismatches() for m in members) if len(t)]
+        if ms:
+            mism[key] = pd.concat(ms, ignore_index=True)
+    return mism
+
+
+def _findings(table, colls, skews, strag, per_run, mism, pairs, fine) -> pd.DataFrame:
+    """Every finding before the failure's: the study's, the nodes', the
+    pairs bench's and the fine grain's."""
+    from . import bottleneck
+
+    finds = bottleneck.findings(table, colls, skews, strag)
+    finds = pd.concat([finds, bottleneck.node_findings(per_run["nodes"], mism, table, per_run["links"])],
+                      ignore_index=True)
+    finds = _with_pairs(finds, pairs)
+    if len(fine["findings"]):
+        finds = pd.concat([finds, fine["findings"]], ignore_index=True)
+    return finds
+
+
+def _notes(runs, warmup: int) -> List[str]:
+    notes = [f"Warm-up: the first {warmup} step(s) of every rank are left out."] + NOTES
+    for r in runs:
+        k, calls = getattr(r, "comm_sample", (1, 0))
+        if k > 1:
+            notes.append(f"{r.meta['path']}: clock alignment, the per-scope medians, the inter-node links and "
+                         f"the per-node bandwidth read one collective instance in {k} ({calls:,} calls; whole "
+                         "instances, every rank); counts and all other tables read every call.")
+        if r.meta.get("salvaged_ranks"):
+            notes.append(f"{r.meta['path']}: rank(s) {r.meta['salvaged_ranks']} were killed; "
+                         "their events up to the last flush are included.")
+    return notes
+
+
+def _gpu_tables(runs) -> Dict[str, Table]:
+    """Kernels by class, the GPU temporal breakdown, Horovod's phases and
+    NVML telemetry, where the runs have them."""
+    from . import scaling
+
+    tables = {}
     kshare, kgpu = scaling.kernel_tables(runs)
     if len(kshare):
         classes = [c for c in ("nccl", "cudnn", "data", "gemm", "other", "memcpy", "memset")
@@ -270,39 +308,44 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
             ("util_pct", "util % mean", ".1f"), ("mem_peak_mib", "mem MiB peak", ".0f"),
             ("power_w", "power W mean", ".1f"), ("sm_clock_mhz", "SM MHz mean", ".0f"),
             ("samples", "samples", ".0f")])
-    if len(fine["buckets"]):
-        tables["buckets"] = Table("Gradient buckets (per bucket index over ranks and measured steps; aligned clocks)",
-                                  fine["buckets"], BUCKET_TABLE_COLUMNS)
-    if len(fine["gates"]):
-        tables["critical_path"] = Table("Critical path across ranks: what each step's end waited for",
-                                        fine["gates"], GATE_TABLE_COLUMNS)
-    if len(fine["updates"]):
-        tables["updates"] = Table("Delays between weight updates (end of one optimizer step to the start of "
-                                  "the next, per rank)", fine["updates"], UPDATE_TABLE_COLUMNS)
-    tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
-    tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
-                           scaling.stack(skews), SKEW_COLUMNS)
-    tables["stragglers"] = Table("Stragglers (ranks late beyond chance)",
-                                 stragglers.accused(scaling.stack(strag)), STRAGGLER_COLUMNS)
-    if node_t:
-        tables["nodes"] = Table("Per node (host)", scaling.stack(node_t), NODE_COLUMNS)
-    if scope_t:
-        tables["scope"] = Table("Collectives within a node vs across nodes", scaling.stack(scope_t), SCOPE_COLUMNS)
-    if link_t:
+    return tables
+
+
+def _fine_tables(fine) -> Dict[str, Table]:
+    """The fine grain's tables (key, title, fine_grain() entry, columns),
+    those with rows."""
+    specs = [
+        ("buckets", "Gradient buckets (per bucket index over ranks and measured steps; aligned clocks)", "buckets",
+         BUCKET_TABLE_COLUMNS),
+        ("critical_path", "Critical path across ranks: what each step's end waited for", "gates",
+         GATE_TABLE_COLUMNS),
+        ("updates", "Delays between weight updates (end of one optimizer step to the start of the next, per rank)",
+         "updates", UPDATE_TABLE_COLUMNS)]
+    return {key: Table(title, fine[entry], cols) for key, title, entry, cols in specs if len(fine[entry])}
+
+
+def _node_tables(per_run, mism) -> Dict[str, Table]:
+    """Per node, scope, inter-node links, clock alignment, mismatches: runs
+    on several hosts (mismatches: any run)."""
+    from . import scaling
+
+    tables = {}
+    if per_run["nodes"]:
+        tables["nodes"] = Table("Per node (host)", scaling.stack(per_run["nodes"]), NODE_COLUMNS)
+    if per_run["scope"]:
+        tables["scope"] = Table("Collectives within a node vs across nodes", scaling.stack(per_run["scope"]),
+                                SCOPE_COLUMNS)
+    if per_run["links"]:
         tables["links"] = Table("Inter-node groups: transfer speed once every rank arrived (the last arrival's "
-                                "duration)", scaling.stack({k: _flagged(t) for k, t in link_t.items()}),
+                                "duration)", scaling.stack({k: _flagged(t) for k, t in per_run["links"].items()}),
                                 LINK_COLUMNS)
-    if clock_t:
+    if per_run["clocks"]:
         tables["clocks"] = Table("Clock alignment per host (from the collectives; offsets added to each host's "
-                                 "monotonic clock)", scaling.stack(clock_t), CLOCK_COLUMNS)
+                                 "monotonic clock)", scaling.stack(per_run["clocks"]), CLOCK_COLUMNS)
     if mism:
         tables["mismatches"] = Table("Collectives the ranks disagree on (same group and sequence number)",
                                      scaling.stack(mism), MISMATCH_COLUMNS)
-    tables["bottlenecks"] = Table("Bottlenecks and what to try", finds, FINDING_COLUMNS, style="list")
-    report = Report(title="commprof report", tables=tables, notes=notes, runs=[r.meta for r in runs])
-    report.extras["timelines"] = {f"{r.label} @ {r.world_size} GPUs": r.timeline for r in runs}
-    report.extras["gantt"] = fine["gantt"]
-    return report
+    return tables
 
 
 BUCKET_TABLE_COLUMNS = [
@@ -345,7 +388,7 @@ def fine_grain(runs) -> dict:
     bt, gt, ut, rows = {}, {}, {}, []
     gantt = None
     biggest = None
-    for key, members in scaling._groups(runs).items():
+    for key, members in scaling.run_groups(runs).items():
         r = members[0]
         ph, gr = r.fine_phases, r.fine_grads
         if ph is None or ph.empty:

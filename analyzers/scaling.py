@@ -28,7 +28,8 @@ from .run import DEFAULT_GROUP_BY, RunAnalysis, config_label
 __all__ = ["RunAnalysis", "adopt_baselines", "breakdown_table", "study_table", "add_scaling"]
 
 
-def _groups(runs: List[RunAnalysis]) -> Dict[tuple, List[RunAnalysis]]:
+def run_groups(runs: List[RunAnalysis]) -> Dict[tuple, List[RunAnalysis]]:
+    """The runs by (configuration label, GPU count), in that order."""
     groups: Dict[tuple, List[RunAnalysis]] = {}
     for r in runs:
         groups.setdefault((r.label, r.world_size), []).append(r)
@@ -85,7 +86,7 @@ def breakdown_table(runs: List[RunAnalysis], peak: Optional[float] = None) -> pd
     """One row per (configuration, GPU count); ``peak``: the GPU's peak
     TFLOP/s for MFU (None: known devices by name)."""
     rows = []
-    for (label, gpus), members in _groups(runs).items():
+    for (label, gpus), members in run_groups(runs).items():
         steps = _steps_of(members)
         if steps.empty:
             continue
@@ -203,7 +204,7 @@ def phase_table(runs: List[RunAnalysis]) -> pd.DataFrame:
     mean ms, tensors; NEGOTIATE_* is time spent waiting for every rank to
     report the tensor ready."""
     frames = []
-    for (label, gpus), members in _groups(runs).items():
+    for (label, gpus), members in run_groups(runs).items():
         ph = [m.phases for m in members if len(m.phases)]
         if not ph:
             continue
@@ -218,7 +219,7 @@ def phase_table(runs: List[RunAnalysis]) -> pd.DataFrame:
 
 def telemetry_table(runs: List[RunAnalysis]) -> pd.DataFrame:
     frames = []
-    for (label, gpus), members in _groups(runs).items():
+    for (label, gpus), members in run_groups(runs).items():
         for m in members:
             if len(m.telemetry):
                 t = m.telemetry.copy()
@@ -232,7 +233,7 @@ def kernel_tables(runs: List[RunAnalysis]):
     """(kernel-time shares, GPU temporal breakdown) per config and GPU
     count, averaged over ranks; empty frames when no run has kernels."""
     shares, gpu = [], []
-    for (label, gpus), members in _groups(runs).items():
+    for (label, gpus), members in run_groups(runs).items():
         ks = [m.kernel_shares for m in members if len(m.kernel_shares)]
         if ks:
             k = pd.concat(ks, ignore_index=True).fillna(0.0)
@@ -248,7 +249,7 @@ def kernel_tables(runs: List[RunAnalysis]):
 
 def collectives_table(runs: List[RunAnalysis]) -> pd.DataFrame:
     frames = []
-    for (label, gpus), members in _groups(runs).items():
+    for (label, gpus), members in run_groups(runs).items():
         for m in members:
             t = m.colls.table(m.n_steps, m.n_ranks)
             if t.empty:
@@ -261,7 +262,7 @@ def collectives_table(runs: List[RunAnalysis]) -> pd.DataFrame:
 
 def skew_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
     out = {}
-    for key, members in _groups(runs).items():
+    for key, members in run_groups(runs).items():
         tables = [m.colls.skew_table() for m in members]
         tables = [t for t in tables if len(t)]
         if tables:
@@ -271,7 +272,7 @@ def skew_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
 
 def straggler_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
     out = {}
-    for key, members in _groups(runs).items():
+    for key, members in run_groups(runs).items():
         tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness(), m.colls.last_by_block(m.n_steps))
                   for m in members]
         tables = [t for t in tables if len(t)]
@@ -283,7 +284,7 @@ def straggler_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
 def run_tables(runs: List[RunAnalysis], attr: str) -> Dict[tuple, pd.DataFrame]:
     """A per-run table (clocks, nodes, scope) of every run that has one, by (label, GPUs)."""
     out = {}
-    for key, members in _groups(runs).items():
+    for key, members in run_groups(runs).items():
         tables = [getattr(m, attr) for m in members if len(getattr(m, attr))]
         if tables:
             out[key] = pd.concat(tables, ignore_index=True)

@@ -41,7 +41,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="commprof", description="Where distributed training spends its time.")
     p.add_argument("--version", action="version", version=f"commprof {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    _add_record_parser(sub)
+    _add_merge_parser(sub)
+    _add_report_parser(sub)
+    _add_model_parser(sub)
+    _add_export_parser(sub)
+    _add_diff_parser(sub)
+    _add_bench_parser(sub)
+    _add_import_parser(sub)
+    _add_predict_parser(sub)
+    _add_sweep_parser(sub)
+    return p
 
+
+def _add_record_parser(sub) -> None:
+    """``commprof record``'s options."""
     r = sub.add_parser("record", help="run a command and record every rank",
                        description="Run CMD unchanged; every Python process it starts that trains "
                                    "writes a per-rank trace; the shards are merged into DIR/trace.parquet.")
@@ -92,12 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--simulate-device-lag-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
+
+def _add_merge_parser(sub) -> None:
+    """``commprof merge``'s options."""
     mg = sub.add_parser("merge", help="merge a record folder's shards by hand",
                         description="Merge the shards and journals of a record folder into DIR/trace.parquet "
                                     "(a shared multi-node folder whose last participant died before merging).")
     mg.add_argument("folder", metavar="DIR")
     mg.add_argument("--force", action="store_true", help="merge even if participants look unfinished")
 
+
+def _add_report_parser(sub) -> None:
+    """``commprof report``'s options."""
     rep = sub.add_parser("report", help="tables from one or more traces",
                          description="Breakdown per GPU count and configuration, throughput, collectives.")
     rep.add_argument("traces", nargs="+", metavar="TRACE",
@@ -124,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--peak-tflops", type=float, default=None, metavar="T",
                      help="the GPU's peak TFLOP/s for MFU (default: a table of common GPUs by device name)")
     _face_options(rep)
+
+
+def _add_model_parser(sub) -> None:
+    """``commprof model``'s options."""
+    from .render import FORMATS
+
     md = sub.add_parser("model", help="collective cost model: fit, validate, predict to other GPU counts",
                         description="INPUT: traces (training runs, commprof bench -o traces), commprof bench "
                                     "--json results or nccl-tests logs (one per measured N). With --to, or any "
@@ -147,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--format", choices=FORMATS, default="table")
     _face_options(md)
 
+
+def _add_export_parser(sub) -> None:
+    """``commprof export``'s options."""
     ex = sub.add_parser("export", help="write a timeline for other viewers")
     esub = ex.add_subparsers(dest="format", parser_class=_Parser)
     ch = esub.add_parser("chrome", help="Perfetto / chrome://tracing JSON (Kineto layout, HTA-loadable)",
@@ -157,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0,1,4-7")
     ch.add_argument("--per-rank", action="store_true", help="one file per rank (FILE.rank<R>.json[.gz])")
 
+
+def _add_diff_parser(sub) -> None:
+    """``commprof diff``'s options."""
+    from .render import FORMATS
+
     df = sub.add_parser("diff", help="what grew or shrank between two runs",
                         description="Per category and per collective: A, B, B - A and the change in %.")
     df.add_argument("a", metavar="A")
@@ -164,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--format", choices=FORMATS, default="table")
     df.add_argument("--warmup", type=int, default=1)
     _face_options(df)
+
+
+def _add_bench_parser(sub) -> None:
+    """``commprof bench``'s options."""
+    from .render import FORMATS
 
     bn = sub.add_parser("bench", help="collective micro-benchmark (nccl-tests table, alpha-beta model)",
                         description="Time all_reduce, reduce_scatter, all_gather, broadcast and all_to_all "
@@ -200,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "that report and model read like any run")
     bn.add_argument("cmd", nargs=argparse.REMAINDER, help="-- LAUNCHER [ARGS...] (instead of --nproc)")
 
+
+def _add_import_parser(sub) -> None:
+    """``commprof import``'s options."""
     imp = sub.add_parser("import", help="convert other profilers' traces into a commprof trace")
     isub = imp.add_subparsers(dest="format", parser_class=_Parser)
     kin = isub.add_parser("kineto", help="PyTorch-profiler (Kineto) JSON traces, one per rank",
@@ -221,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     nt.add_argument("-o", "--output", default=None, metavar="FILE", help="results JSON (default: print the table)")
     nt.add_argument("--model", default=None, metavar="FILE", help="fit and write the alpha-beta model")
     nt.add_argument("--op", default=None, help="the collective, when the log does not say")
+
+
+def _add_predict_parser(sub) -> None:
+    """``commprof predict``'s options."""
+    from .render import FORMATS
+
     pr = sub.add_parser("predict", help="extend a study to GPU counts nobody ran (trace-driven replay)",
                         description="Replay measured steps (data, forward, backward with each bucket's ready "
                                     "instant, optimizer) with communication times for N ranks from a bench "
@@ -247,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--table", metavar="NAME", default=None)
     _face_options(pr)
 
+
+def _add_sweep_parser(sub) -> None:
+    """``commprof sweep``'s options."""
     sw = sub.add_parser("sweep", help="run a scaling study: every configuration x GPU count under record",
                         description="Run each (configuration, N) cell under commprof record into "
                                     "STUDY/<configuration>/<N>/ (locally, or one SLURM job per cell), skip "
@@ -276,7 +327,6 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-report", action="store_true", help="do not print the study report at the end")
     _face_options(sw)
 
-    return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -463,9 +513,10 @@ def _ints(spec: str):
 
 def _arrow_pool() -> None:
     """Commands that stream a trace use Arrow's jemalloc pool where it is
-    built in: measured on a 10 M-event multi-host trace it holds the peak
-    resident memory near 0.95 GiB where the default pool kept ~1.1 GiB, at
-    the same speed (benchmarks/results/report_speed)."""
+    built in: on the 10 M-event benchmark trace (benchmarks/report_speed.py)
+    `commprof report` peaked at 963-984 MB with it and 1,082-1,105 MB with
+    the default pool (two runs each, 2026-12-03), at the same speed within
+    this machine's noise."""
     import pyarrow as pa
 
     try:
