@@ -156,7 +156,10 @@ SCALES_WELL = 90.0
 
 def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.DataFrame],
              straggler: Dict[tuple, pd.DataFrame]) -> pd.DataFrame:
-    """One row per finding: config, gpus, bound, finding, evidence, advice."""
+    """One row per finding: config, gpus, bound, finding, evidence, advice.
+    Per row of the breakdown: data, communication, a per-step broadcast,
+    compute, time outside regions, stragglers; "X dominates" when none
+    applies; then the trends across GPU counts."""
     rows: List[dict] = []
     for _, r in breakdown.iterrows():
         key = (r["config"], r["gpus"])
@@ -166,76 +169,17 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
         bound = max(shares, key=lambda k: -1 if pd.isna(shares[k]) else shares[k])
         ev_shares = (f"step time: comm {_fmt_pct(r['comm_pct'])}, data {_fmt_pct(r['data_pct'])}, "
                      f"compute {_fmt_pct(r['compute_pct'])}, other {_fmt_pct(r['other_pct'])}")
-        claim = _claim(r, "data", DATA_BOUND)
-        if claim is not None:
-            loader = str(r.get("loader") or "")
-            if loader == "dali":
-                advice = ("the DALI pipeline itself cannot keep up: more DALI threads, prefetch queue depth, "
-                          "faster storage or pre-resized data")
-            else:
-                w = r.get("loader_workers")
-                wtxt = f" (now {int(w)})" if w is not None and not pd.isna(w) else ""
-                advice = (f"more DataLoader workers{wtxt}, pin_memory=True, persistent_workers, a larger "
-                          "prefetch_factor; or NVIDIA DALI to decode and augment on the GPU")
-            rows.append({**base, "bound": bound, "finding": "data loading stalls training" + claim,
-                         "evidence": f"data wait {_share(r, 'data')}; {ev_shares}", "advice": advice})
-        claim = _claim(r, "comm", COMM_BOUND)
-        if claim is not None:
-            c = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"])] if len(colls) else colls
-            calls_per_step = float(c["calls_per_step"].sum()) / _runs(r) if len(c) else 0.0
-            med_bytes = (float(np.average(c["bytes_per_call"], weights=c["calls"]))
-                         if len(c) and c["calls"].sum() else 0.0)
-            overlap = r.get("overlap_pct", np.nan)
-            sk = skew.get(key)
-            wait = float(np.nanmax(sk["wait_pct"])) if sk is not None and len(sk) else np.nan
-            evidence = (f"exposed comm {_share(r, 'comm')} of step time, overlap "
-                        f"{_fmt_pct(overlap)}, {calls_per_step:.1f} collectives/step averaging "
-                        f"{med_bytes / 2**20:.2f} MiB")
-            if calls_per_step >= 8 and med_bytes < 2**20:
-                rows.append({**base, "bound": bound, "finding": "many small collectives",
-                             "evidence": evidence, "advice": "fuse them: raise DDP bucket_cap_mb (default 25) "
-                             "or HOROVOD_FUSION_THRESHOLD; avoid per-parameter collectives"})
-            if not pd.isna(overlap) and overlap < 50:
-                rows.append({**base, "bound": bound, "finding": "communication is not hidden behind compute",
-                             "evidence": evidence,
-                             "advice": "overlap gradient reduction with backward: DDP with static_graph=True "
-                                       "and gradient_as_bucket_view=True, avoid find_unused_parameters; "
-                                       "DeepSpeed overlap_comm=true; Horovod backward_passes_per_step"})
-            if not pd.isna(wait) and wait > 30:
-                rows.append({**base, "bound": bound, "finding": "ranks wait for late peers in collectives",
-                             "evidence": f"{evidence}; {wait:.0f} % of collective time is arrival skew",
-                             "advice": "fix the imbalance before tuning the network (see stragglers)"})
-            rows.append({**base, "bound": bound, "finding": "communication-bound" + claim,
-                         "evidence": evidence,
-                         "advice": "send fewer bytes (fp16/bf16 gradients or a compression comm hook), "
-                                   "a larger per-rank batch, hierarchical/NCCL tuning; DeepSpeed: the lowest "
-                                   "ZeRO stage that fits in memory"})
+        found = _data_rows(r, ev_shares) + _comm_rows(r, colls, skew.get(key))
         bc = _step_broadcast(r, colls, skew.get(key))
         if bc is not None:
-            rows.append({**base, "bound": bound, **bc})
-        claim = _claim(r, "compute", COMPUTE_BOUND)
-        if claim is not None:
-            ev_compute = f"compute {_share(r, 'compute')}; {ev_shares}"
-            # a scaling claim needs a scaling measurement: >= 2 GPU counts of
-            # this configuration and the efficiency at this one
-            counts = breakdown[breakdown["config"] == r["config"]]["gpus"].nunique()
-            eff = r.get("efficiency_pct")
-            if counts >= 2 and r["gpus"] > breakdown[breakdown["config"] == r["config"]]["gpus"].min() \
-                    and eff is not None and not pd.isna(eff):
-                word = "compute-bound (scales well)" if eff >= SCALES_WELL else "compute-bound"
-                text = (f"{ev_compute}; parallel efficiency {eff:.0f} % "
-                        f"(speedup {r.get('speedup', float('nan')):.2f})")
-            else:
-                word, text = "compute-bound", ev_compute + ("; one GPU count measured: nothing is known about "
-                                                             "scaling" if counts < 2 else "")
-            rows.append({**base, "bound": bound, "finding": word + claim, "evidence": text,
-                         "advice": "speed up the model itself: mixed precision, channels_last, cuDNN "
-                                   "benchmark mode, a larger batch per GPU"})
+            found.append(bc)
+        found += _compute_rows(r, breakdown, ev_shares)
         claim = _claim(r, "other", OTHER_BOUND)
         if claim is not None:
-            rows.append({**base, "bound": bound, "finding": "time outside recorded regions" + claim,
-                         "evidence": f"other {_share(r, 'other')}; {ev_shares}",
-                         "advice": "profile the loop body: logging, .item()/host syncs, Python overheads"})
+            found.append({"finding": "time outside recorded regions" + claim,
+                          "evidence": f"other {_share(r, 'other')}; {ev_shares}",
+                          "advice": "profile the loop body: logging, .item()/host syncs, Python overheads"})
+        rows += [{**base, "bound": bound, **f} for f in found]
         strag = _straggler_rows(base, bound, straggler.get(key), int(r["gpus"]))
         rows += [x for x in strag if x["bound"] != "evidence"]
         if not any(x["config"] == r["config"] and x["gpus"] == r["gpus"] for x in rows):
@@ -245,6 +189,80 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
         rows += [x for x in strag if x["bound"] == "evidence"]
     rows += trends(breakdown)
     return pd.DataFrame(rows, columns=["config", "gpus", "bound", "finding", "evidence", "advice"])
+
+
+def _data_rows(r, ev_shares: str) -> List[dict]:
+    """Data loading stalls training (the advice by loader)."""
+    claim = _claim(r, "data", DATA_BOUND)
+    if claim is None:
+        return []
+    if str(r.get("loader") or "") == "dali":
+        advice = ("the DALI pipeline itself cannot keep up: more DALI threads, prefetch queue depth, "
+                  "faster storage or pre-resized data")
+    else:
+        w = r.get("loader_workers")
+        wtxt = f" (now {int(w)})" if w is not None and not pd.isna(w) else ""
+        advice = (f"more DataLoader workers{wtxt}, pin_memory=True, persistent_workers, a larger "
+                  "prefetch_factor; or NVIDIA DALI to decode and augment on the GPU")
+    return [{"finding": "data loading stalls training" + claim,
+             "evidence": f"data wait {_share(r, 'data')}; {ev_shares}", "advice": advice}]
+
+
+def _comm_rows(r, colls: pd.DataFrame, sk: Optional[pd.DataFrame]) -> List[dict]:
+    """Communication-bound, and why: many small collectives, no overlap,
+    waiting for late peers."""
+    claim = _claim(r, "comm", COMM_BOUND)
+    if claim is None:
+        return []
+    c = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"])] if len(colls) else colls
+    calls_per_step = float(c["calls_per_step"].sum()) / _runs(r) if len(c) else 0.0
+    med_bytes = (float(np.average(c["bytes_per_call"], weights=c["calls"]))
+                 if len(c) and c["calls"].sum() else 0.0)
+    overlap = r.get("overlap_pct", np.nan)
+    wait = float(np.nanmax(sk["wait_pct"])) if sk is not None and len(sk) else np.nan
+    evidence = (f"exposed comm {_share(r, 'comm')} of step time, overlap "
+                f"{_fmt_pct(overlap)}, {calls_per_step:.1f} collectives/step averaging "
+                f"{med_bytes / 2**20:.2f} MiB")
+    out = []
+    if calls_per_step >= 8 and med_bytes < 2**20:
+        out.append({"finding": "many small collectives", "evidence": evidence,
+                    "advice": "fuse them: raise DDP bucket_cap_mb (default 25) "
+                              "or HOROVOD_FUSION_THRESHOLD; avoid per-parameter collectives"})
+    if not pd.isna(overlap) and overlap < 50:
+        out.append({"finding": "communication is not hidden behind compute", "evidence": evidence,
+                    "advice": "overlap gradient reduction with backward: DDP with static_graph=True "
+                              "and gradient_as_bucket_view=True, avoid find_unused_parameters; "
+                              "DeepSpeed overlap_comm=true; Horovod backward_passes_per_step"})
+    if not pd.isna(wait) and wait > 30:
+        out.append({"finding": "ranks wait for late peers in collectives",
+                    "evidence": f"{evidence}; {wait:.0f} % of collective time is arrival skew",
+                    "advice": "fix the imbalance before tuning the network (see stragglers)"})
+    out.append({"finding": "communication-bound" + claim, "evidence": evidence,
+                "advice": "send fewer bytes (fp16/bf16 gradients or a compression comm hook), "
+                          "a larger per-rank batch, hierarchical/NCCL tuning; DeepSpeed: the lowest "
+                          "ZeRO stage that fits in memory"})
+    return out
+
+
+def _compute_rows(r, breakdown: pd.DataFrame, ev_shares: str) -> List[dict]:
+    """Compute-bound; "scales well" only from a scaling measurement (>= 2
+    GPU counts of the configuration and the efficiency at this one)."""
+    claim = _claim(r, "compute", COMPUTE_BOUND)
+    if claim is None:
+        return []
+    ev_compute = f"compute {_share(r, 'compute')}; {ev_shares}"
+    mine = breakdown[breakdown["config"] == r["config"]]["gpus"]
+    counts = mine.nunique()
+    eff = r.get("efficiency_pct")
+    if counts >= 2 and r["gpus"] > mine.min() and eff is not None and not pd.isna(eff):
+        word = "compute-bound (scales well)" if eff >= SCALES_WELL else "compute-bound"
+        text = f"{ev_compute}; parallel efficiency {eff:.0f} % (speedup {r.get('speedup', float('nan')):.2f})"
+    else:
+        word, text = "compute-bound", ev_compute + ("; one GPU count measured: nothing is known about "
+                                                     "scaling" if counts < 2 else "")
+    return [{"finding": word + claim, "evidence": text,
+             "advice": "speed up the model itself: mixed precision, channels_last, cuDNN "
+                       "benchmark mode, a larger batch per GPU"}]
 
 
 def node_findings(node_tables: Dict[tuple, pd.DataFrame], mismatches: Dict[tuple, pd.DataFrame],

@@ -207,19 +207,38 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
     if not steps:
         return pd.DataFrame(columns=PATH_COLUMNS)
     ph = ph[ph["step"].isin(steps)]
+    lateness = _Lateness(ph)
     by = ph.groupby("step", sort=True)
-    med = by[["data_ns", "fwd_ns", "s0", "b0"]].median()
-    bw_med = (ph["b1"] - ph["b0"]).groupby(ph["step"]).median()
     bwd_end = by["b1"].max()
     slow = ph.loc[by["b1"].idxmax(), ["step", "rank"]].set_index("step")["rank"]
-    # each (step, rank)'s phase values, looked up by position
-    pos = {(int(st_), int(r)): i for i, (st_, r) in enumerate(zip(ph["step"], ph["rank"]))}
-    cols = {c: ph[c].to_numpy(np.float64) for c in ("data_ns", "fwd_ns", "s0", "b0", "b1")}
-    meds = {c: med[c].to_dict() for c in ("data_ns", "fwd_ns", "s0", "b0")}
-    bw_med_d = bw_med.to_dict()
+    inst = _instances_per_step(g, ph, steps) if len(g) else {}
+    rows = []
+    for s_ in steps:
+        bwd_e, slow_bwd = float(bwd_end[s_]), int(slow[s_])
+        # no collective, or the slowest backward ends after every collective: compute gates
+        if s_ not in inst or bwd_e > float(inst[s_][2][-1]):
+            rows.append(_gate_row(s_, "compute", slow_bwd, None, lateness.why(s_, slow_bwd, None),
+                                  [f"rank {slow_bwd} backward", "optimizer"], 0.0))
+            continue
+        rows.append(_bucket_gate(s_, inst[s_], bwd_e, lateness))
+    return pd.DataFrame(rows, columns=PATH_COLUMNS)
 
-    def late(step: int, rank: int, ready_at: Optional[float], ready_rel_med: Optional[float] = None) -> str:
-        i = pos[(step, rank)]
+
+class _Lateness:
+    """Why a rank was late in a step: its data wait, forward, backward (up to
+    a bucket, or whole) or start, whichever exceeds the median rank's most."""
+
+    def __init__(self, ph: pd.DataFrame):
+        by = ph.groupby("step", sort=True)
+        med = by[["data_ns", "fwd_ns", "s0", "b0"]].median()
+        self.pos = {(int(st_), int(r)): i for i, (st_, r) in enumerate(zip(ph["step"], ph["rank"]))}
+        self.cols = {c: ph[c].to_numpy(np.float64) for c in ("data_ns", "fwd_ns", "s0", "b0", "b1")}
+        self.meds = {c: med[c].to_dict() for c in ("data_ns", "fwd_ns", "s0", "b0")}
+        self.bw_med = (ph["b1"] - ph["b0"]).groupby(ph["step"]).median().to_dict()
+
+    def why(self, step: int, rank: int, ready_at: Optional[float], ready_rel_med: Optional[float] = None) -> str:
+        cols, meds = self.cols, self.meds
+        i = self.pos[(step, rank)]
         data_x = cols["data_ns"][i] - meds["data_ns"][step]
         fwd_x = cols["fwd_ns"][i] - meds["fwd_ns"][step]
         if ready_at is not None and ready_rel_med is not None:
@@ -228,54 +247,52 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
         elif ready_at is not None:
             bw_x = (ready_at - cols["b0"][i]) - (ready_at - meds["b0"][step])
         else:
-            bw_x = (cols["b1"][i] - cols["b0"][i]) - bw_med_d[step]
+            bw_x = (cols["b1"][i] - cols["b0"][i]) - self.bw_med[step]
         start_x = cols["s0"][i] - meds["s0"][step]
         best = max((data_x, "data wait"), (fwd_x, "forward"), (bw_x, "backward"), (start_x, "late start"))
         return best[1] if best[0] > 0 else "backward"
 
+
+def _instances_per_step(g: pd.DataFrame, ph: pd.DataFrame, steps) -> Dict[int, tuple]:
+    """Per step: its buckets' (k, latest issue, mean completion, latest
+    issuer, op, median issue relative to each rank's backward start)."""
+    gg = g[g["step"].isin(steps)]
+    b0_of = ph.set_index(["step", "rank"])["b0"]
+    b0 = b0_of.reindex(pd.MultiIndex.from_arrays([gg["step"], gg["rank"]])).to_numpy(np.float64)
+    gg = gg.assign(rel=gg["issue"].to_numpy(np.float64) - b0)
+    grouped = gg.groupby(["step", "k"], sort=True)
+    agg = grouped.agg(last=("issue", "max"), done=("end", "mean"), rel=("rel", "median"))
+    who = gg.loc[grouped["issue"].idxmax().to_numpy(), "rank"].to_numpy()
+    op = gg.groupby("step")["op"].first().to_dict()
+    st_arr = agg.index.get_level_values("step").to_numpy()
+    ks_arr = agg.index.get_level_values("k").to_numpy()
+    last_arr, done_arr = agg["last"].to_numpy(np.float64), agg["done"].to_numpy(np.float64)
+    rel_arr = agg["rel"].to_numpy(np.float64)
+    cuts = np.flatnonzero(np.diff(st_arr)) + 1
     inst: Dict[int, tuple] = {}
-    if len(g):
-        gg = g[g["step"].isin(steps)]
-        b0_of = ph.set_index(["step", "rank"])["b0"]
-        b0 = b0_of.reindex(pd.MultiIndex.from_arrays([gg["step"], gg["rank"]])).to_numpy(np.float64)
-        gg = gg.assign(rel=gg["issue"].to_numpy(np.float64) - b0)
-        grouped = gg.groupby(["step", "k"], sort=True)
-        agg = grouped.agg(last=("issue", "max"), done=("end", "mean"), rel=("rel", "median"))
-        who = gg.loc[grouped["issue"].idxmax().to_numpy(), "rank"].to_numpy()
-        op = gg.groupby("step")["op"].first().to_dict()
-        st_arr = agg.index.get_level_values("step").to_numpy()
-        ks_arr = agg.index.get_level_values("k").to_numpy()
-        last_arr, done_arr = agg["last"].to_numpy(np.float64), agg["done"].to_numpy(np.float64)
-        rel_arr = agg["rel"].to_numpy(np.float64)
-        cuts = np.flatnonzero(np.diff(st_arr)) + 1
-        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(st_arr)]])):
-            inst[int(st_arr[a])] = (ks_arr[a:b], last_arr[a:b], done_arr[a:b], who[a:b], op[int(st_arr[a])],
-                                    rel_arr[a:b])
-    rows = []
-    for s_ in steps:
-        bwd_e, slow_bwd = float(bwd_end[s_]), int(slow[s_])
-        if s_ not in inst:
-            rows.append(_gate_row(s_, "compute", slow_bwd, None, late(s_, slow_bwd, None),
-                                  [f"rank {slow_bwd} backward", "optimizer"], 0.0))
-            continue
-        ks, last, done, whos, op_, rels = inst[s_]
-        last_done = float(done[-1])
-        if bwd_e > last_done:   # the slowest backward ends after every collective: compute gates
-            rows.append(_gate_row(s_, "compute", slow_bwd, None, late(s_, slow_bwd, None),
-                                  [f"rank {slow_bwd} backward", "optimizer"], 0.0))
-            continue
-        chain: List[str] = []
-        j = len(ks) - 1
-        while j > 0 and last[j] < done[j - 1]:
-            chain.insert(0, f"bucket {ks[j]} {op_}")
-            j -= 1
-        k, who_j = ks[j], int(whos[j])
-        rel_j = float(rels[j])
-        phase = late(s_, who_j, float(last[j]), rel_j if rel_j == rel_j else None)
-        chain = [f"rank {who_j} {phase}", f"bucket {k} ready last on rank {who_j}", f"bucket {k} {op_}"] \
-            + chain + ["optimizer"]
-        rows.append(_gate_row(s_, "bucket", who_j, int(k), phase, chain, (last_done - bwd_e) / 1e6))
-    return pd.DataFrame(rows, columns=PATH_COLUMNS)
+    for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(st_arr)]])):
+        inst[int(st_arr[a])] = (ks_arr[a:b], last_arr[a:b], done_arr[a:b], who[a:b], op[int(st_arr[a])],
+                                rel_arr[a:b])
+    return inst
+
+
+def _bucket_gate(step: int, inst: tuple, bwd_e: float, lateness: _Lateness) -> dict:
+    """Walk back from the last collective: a bucket issued before the
+    previous one completed waited for it; the first that did not is the
+    gate, and its last-ready rank says why."""
+    ks, last, done, whos, op_, rels = inst
+    last_done = float(done[-1])
+    chain: List[str] = []
+    j = len(ks) - 1
+    while j > 0 and last[j] < done[j - 1]:
+        chain.insert(0, f"bucket {ks[j]} {op_}")
+        j -= 1
+    k, who_j = ks[j], int(whos[j])
+    rel_j = float(rels[j])
+    phase = lateness.why(step, who_j, float(last[j]), rel_j if rel_j == rel_j else None)
+    chain = [f"rank {who_j} {phase}", f"bucket {k} ready last on rank {who_j}", f"bucket {k} {op_}"] \
+        + chain + ["optimizer"]
+    return _gate_row(step, "bucket", who_j, int(k), phase, chain, (last_done - bwd_e) / 1e6)
 
 
 def _gate_row(step, kind, rank, bucket, phase, chain, tail_ms):
