@@ -378,9 +378,40 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
     fixed = fixed or Fixed()
     prior = dict(PRIORS[backend])
     d, cs, obs, t = _observation_matrix(ms, form, backend)
-    n_obs = len(t)
     # which bandwidth scopes the data see
     seen = [bool((d[:, :, 3] > 0).any()), bool((d[:, :, 4] > 0).any())]
+    values, free, status = _start(ms, d, obs, t, form, fixed, prior, seen)
+    theta, cov, s = _iterate(d, obs, t, values, free, prior, backend, iterations)
+    theta, cov = theta.copy(), cov.copy()
+    for j in (3, 4):                           # an assumed scope follows the fitted one
+        if str(status.get(TERMS[j], "")).startswith("assumed"):
+            o = 7 - j
+            theta[j] = theta[o]
+            cov[j, :], cov[:, j] = cov[o, :], cov[:, o]
+            cov[j, j] = cov[o, o]
+    if backend == "gloo" and not seen[1] and free[2] and form != "hockney":
+        # gloo measured inside one host: across hosts, the same TCP step latency (no better guess)
+        theta[2] = theta[1]
+        cov[2, :], cov[:, 2] = cov[1, :], cov[:, 1]
+        cov[2, 2] = cov[1, 1]
+        status["inter_lat"] = "assumed (= intra_lat)"
+    for j, name in enumerate(TERMS):
+        if name in status:
+            continue
+        if j < 3:
+            prior_sd = prior[name] * PRIOR_WIDTH[backend]
+            status[name] = "fitted" if math.sqrt(max(cov[j, j], 0)) < 0.5 * prior_sd else "prior"
+        else:
+            status[name] = "fitted"
+    return Fit(form=form, backend=backend, theta=theta, cov=cov, scatter=s, status=status, points=len(t),
+               ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})))
+
+
+def _start(ms: Measurements, d, obs, t, form: str, fixed: Fixed, prior: Dict[str, float], seen):
+    """(starting values, which terms are free, status of the others): fixed
+    terms as given, no per-step latency for Hockney's form, bandwidths from
+    the largest calls of each scope seen (a scope nobody measured takes the
+    other's, said so), latencies at their priors."""
     status: Dict[str, str] = {}
     values = np.zeros(5)
     free = np.ones(5, bool)
@@ -397,14 +428,11 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
                 status[TERMS[j]] = "unused"
     # initial bandwidths: the largest calls' bus bandwidth in each scope
     sizes = np.asarray(ms.nbytes)
-    for j, scope in ((3, "intra"), (4, "inter")):
+    for j in (3, 4):
         if not free[j]:
             continue
-        if not seen[j - 3]:
-            free[j] = False
-            continue
         call_sel = d[:, 0, j] > 0
-        if not call_sel.any():
+        if not seen[j - 3] or not call_sel.any():
             free[j] = False
             continue
         big = call_sel & (sizes >= np.percentile(sizes[call_sel], 75))
@@ -417,11 +445,19 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
     for j in range(3):
         if free[j]:
             values[j] = prior[TERMS[j]]
+    return values, free, status
+
+
+def _iterate(d, obs, t, values, free, prior, backend: str, iterations: int):
+    """(theta, covariance, scatter) of the best objective: each round picks
+    every call's cheapest (algorithm, protocol) under the current terms,
+    solves, and re-weights (Huber, on relative residuals) until stable."""
+    n_obs = len(t)
     scale = np.where(values > 0, values, 1e-6)
     best = None
     s = 0.05
     theta = values.copy()
-    w = np.ones(n_obs)          # robust weights (Huber, on relative residuals)
+    w = np.ones(n_obs)
     huber = None
     for _ in range(iterations):
         with np.errstate(invalid="ignore"):
@@ -444,32 +480,7 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
             break
         theta, s, w = theta_new, s_new, w_new
     assert best is not None
-    _, theta, cov, s = best
-    theta, cov = theta.copy(), cov.copy()
-    for j in (3, 4):                           # an assumed scope follows the fitted one
-        if str(status.get(TERMS[j], "")).startswith("assumed"):
-            o = 7 - j
-            theta[j] = theta[o]
-            cov[j, :], cov[:, j] = cov[o, :], cov[:, o]
-            cov[j, j] = cov[o, o]
-    if backend == "gloo" and not seen[1] and free[2] and form != "hockney":
-        # gloo measured inside one host: across hosts, the same TCP step latency (no better guess)
-        theta = theta.copy()
-        theta[2] = theta[1]
-        cov = cov.copy()
-        cov[2, :], cov[:, 2] = cov[1, :], cov[:, 1]
-        cov[2, 2] = cov[1, 1]
-        status["inter_lat"] = "assumed (= intra_lat)"
-    for j, name in enumerate(TERMS):
-        if name in status:
-            continue
-        if j < 3:
-            prior_sd = prior[name] * PRIOR_WIDTH[backend]
-            status[name] = "fitted" if math.sqrt(max(cov[j, j], 0)) < 0.5 * prior_sd else "prior"
-        else:
-            status[name] = "fitted"
-    return Fit(form=form, backend=backend, theta=theta, cov=cov, scatter=s, status=status, points=n_obs,
-               ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})))
+    return best[1], best[2], best[3]
 
 
 def _solve(a, t, theta, free, scale, prior, s, width, wt=None):

@@ -290,6 +290,9 @@ class Replayed:
     algorithm: str = ""           # the collectives' algorithms at N
 
 
+_COLS = ("pre", "bwd", "post", "data", "forward", "optimizer")
+
+
 def replay(st: Structure, n: int, comm: "cost.CostModel", steps: int = 60, reps: int = 24, seed: int = 0,
            mode: str = "weak", what_if: Optional[WhatIf] = None, jitter: bool = True) -> Replayed:
     """Mean step time (and a 5-95 % interval) of ``st`` replayed on ``n``
@@ -299,93 +302,102 @@ def replay(st: Structure, n: int, comm: "cost.CostModel", steps: int = 60, reps:
     if w.bucket_cap_mb:
         st = rebucket(st, w.bucket_cap_mb * 1024 * 1024)
     scale = st.world / n if mode == "strong" else 1.0
-    batch = st.batch * scale
     cm = replace(comm, bw_scale=comm.bw_scale * w.bw_scale, lat_scale=comm.lat_scale * w.lat_scale)
     est = [cm.estimate(op, s, n) for op, s in zip(st.ops, st.sizes)]
     blk = [(cm.estimate(op, s, n), where) for op, s, where in st.blocking]
-    key = {"point": "time_s", "lo": "lo_s", "hi": "hi_s"}
-    t_bucket = {b: np.array([e[k] for e in est]) for b, k in key.items()}
-    t_pre = {b: sum(e[k] for e, where in blk if where == "pre") for b, k in key.items()}
-    t_post = {b: sum(e[k] for e, where in blk if where != "pre") for b, k in key.items()}
-    pre = (st.pre - st.data - st.forward) + (st.data + st.forward) * scale
-    bwd, ready = st.backward * scale, st.ready * scale
-    cols = ("pre", "bwd", "post", "data", "forward", "optimizer")
-    arrays = dict(pre=pre, bwd=bwd, post=st.post, data=st.data * scale, forward=st.forward * scale,
-                  optimizer=st.optimizer)
+    sim = _Sim(st, n, scale, est, blk, steps, jitter, w.overlap)
+    means: List[float] = []
+    sums: Optional[dict] = None
+    for k in range(reps):
+        m, s_ = sim.one("point", seed * 1000 + k)
+        means.append(m)
+        sums = s_ if sums is None else {c: sums[c] + s_[c] for c in _COLS}
+    step = float(np.mean(means))
+    assert sums is not None
+    ends = {bound: [sim.one(bound, seed * 1000 + k) for k in range(max(4, reps // 3))] if n > 1 else []
+            for bound in ("lo", "hi")}
+    if ends["lo"]:
+        lo = float(np.percentile([m for m, _ in ends["lo"]], 5))
+        hi = float(np.percentile([m for m, _ in ends["hi"]], 95))
+        comm_lo = float(np.mean([sim.comm_share(m, s_) for m, s_ in ends["lo"]]))
+        comm_hi = float(np.mean([sim.comm_share(m, s_) for m, s_ in ends["hi"]]))
+    else:
+        lo, hi = float(np.percentile(means, 5)), float(np.percentile(means, 95))
+        comm_lo = comm_hi = float("nan")
+    shares = _shares(sums, step * reps * steps * n)
+    comm_pct = shares["comm"]
+    algos: Dict[str, int] = {}
+    for e in est + [e for e, _w in blk]:
+        algos[str(e["algorithm"])] = algos.get(str(e["algorithm"]), 0) + 1
+    algorithm = ", ".join(f"{a} x{c}" if c > 1 else a for a, c in algos.items() if a != "-")
+    return Replayed(n=n, step_s=step, lo_s=min(lo, step), hi_s=max(hi, step), shares=shares,
+                    batch=st.batch * scale,
+                    comm_lo=min(comm_lo, comm_pct) if comm_lo == comm_lo else comm_lo,
+                    comm_hi=max(comm_hi, comm_pct) if comm_hi == comm_hi else comm_hi, algorithm=algorithm)
 
-    def one(bound: str, rep_seed: int):
+
+def _shares(sums: dict, total_time: float) -> Dict[str, float]:
+    """Exposed shares (%) of the replayed time: communication is what the
+    ranks' own phases leave."""
+    data = sums["data"] / total_time * 100
+    compute = (sums["forward"] + sums["bwd"] + sums["optimizer"]) / total_time * 100
+    busy = (sums["pre"] + sums["bwd"] + sums["post"]) / total_time * 100
+    return {"comm": max(0.0, 100 - busy), "data": data, "compute": compute, "other": max(0.0, busy - data - compute)}
+
+
+class _Sim:
+    """The replay of one configuration: per step, each rank's phases drawn
+    from the measured samples (or their means), its buckets available as
+    its backward reaches them, each bucket's collective after the previous
+    one and after every rank has it."""
+
+    def __init__(self, st: Structure, n: int, scale: float, est, blk, steps: int, jitter: bool, overlap: bool):
+        key = {"point": "time_s", "lo": "lo_s", "hi": "hi_s"}
+        self.st, self.n, self.steps, self.jitter, self.overlap = st, n, steps, jitter, overlap
+        self.t_bucket = {b: np.array([e[k] for e in est]) for b, k in key.items()}
+        self.t_pre = {b: sum(e[k] for e, where in blk if where == "pre") for b, k in key.items()}
+        self.t_post = {b: sum(e[k] for e, where in blk if where != "pre") for b, k in key.items()}
+        self.pre = (st.pre - st.data - st.forward) + (st.data + st.forward) * scale
+        self.bwd, self.ready = st.backward * scale, st.ready * scale
+        self.arrays = dict(pre=self.pre, bwd=self.bwd, post=st.post, data=st.data * scale,
+                           forward=st.forward * scale, optimizer=st.optimizer)
+
+    def one(self, bound: str, rep_seed: int):
+        """(mean step time, summed phase times) of one repetition."""
+        st, n, pre, bwd, ready = self.st, self.n, self.pre, self.bwd, self.ready
         r = np.random.default_rng(rep_seed)
         t = np.zeros(n)
         total = np.zeros(n)
-        sums = dict.fromkeys(cols, 0.0)
-        tb, tpre, tpost = t_bucket[bound], t_pre[bound], t_post[bound]
-        for _ in range(steps):
-            if jitter:
+        sums = dict.fromkeys(_COLS, 0.0)
+        tb, tpre, tpost = self.t_bucket[bound], self.t_pre[bound], self.t_post[bound]
+        for _ in range(self.steps):
+            if self.jitter:
                 idx = r.integers(0, st.samples, size=n)
                 p, b, q = pre[idx], bwd[idx], st.post[idx]
                 rd = ready[idx] if st.buckets else None
-                for c in cols:
-                    sums[c] += float(arrays[c][idx].sum())
+                for c in _COLS:
+                    sums[c] += float(self.arrays[c][idx].sum())
             else:
                 p, b, q = np.full(n, pre.mean()), np.full(n, bwd.mean()), np.full(n, st.post.mean())
                 rd = np.repeat(ready.mean(axis=0, keepdims=True), n, axis=0) if st.buckets else None
-                for c in cols:
-                    sums[c] += float(arrays[c].mean() * n)
+                for c in _COLS:
+                    sums[c] += float(self.arrays[c].mean() * n)
             bstart = t + p + tpre
             bend = bstart + b
             end = 0.0
             if st.buckets and n > 1:
-                if w.overlap:
-                    avail = (bstart[:, None] + rd).max(axis=0)
-                else:
-                    avail = np.full(st.buckets, bend.max())
+                avail = (bstart[:, None] + rd).max(axis=0) if self.overlap else np.full(st.buckets, bend.max())
                 for k in range(st.buckets):
                     end = max(avail[k], end) + tb[k]
             done = np.maximum(bend, end) if (st.buckets and n > 1) else bend
             t_next = done + q + tpost
             total += t_next - t
             t = t_next
-        return total.sum() / (n * steps), sums
+        return total.sum() / (n * self.steps), sums
 
-    def comm_share(mean_step: float, sums) -> float:
-        busy = (sums["pre"] + sums["bwd"] + sums["post"]) / (mean_step * steps * n) * 100
+    def comm_share(self, mean_step: float, sums) -> float:
+        busy = (sums["pre"] + sums["bwd"] + sums["post"]) / (mean_step * self.steps * self.n) * 100
         return max(0.0, 100 - busy)
-
-    means: List[float] = []
-    sums: Optional[dict] = None
-    for k in range(reps):
-        m, s_ = one("point", seed * 1000 + k)
-        means.append(m)
-        sums = s_ if sums is None else {c: sums[c] + s_[c] for c in cols}
-    step = float(np.mean(means))
-    assert sums is not None
-    ends = {}
-    for bound in ("lo", "hi"):
-        runs = [one(bound, seed * 1000 + k) for k in range(max(4, reps // 3))] if n > 1 else []
-        ends[bound] = runs
-    if ends["lo"]:
-        lo = float(np.percentile([m for m, _ in ends["lo"]], 5))
-        hi = float(np.percentile([m for m, _ in ends["hi"]], 95))
-        comm_lo = float(np.mean([comm_share(m, s_) for m, s_ in ends["lo"]]))
-        comm_hi = float(np.mean([comm_share(m, s_) for m, s_ in ends["hi"]]))
-    else:
-        lo, hi = float(np.percentile(means, 5)), float(np.percentile(means, 95))
-        comm_lo = comm_hi = float("nan")
-    count = reps * steps * n
-    total_time = step * count
-    data = sums["data"] / total_time * 100
-    compute = (sums["forward"] + sums["bwd"] + sums["optimizer"]) / total_time * 100
-    busy = (sums["pre"] + sums["bwd"] + sums["post"]) / total_time * 100
-    comm_pct = max(0.0, 100 - busy)
-    other = max(0.0, busy - data - compute)
-    algos: Dict[str, int] = {}
-    for e in est + [e for e, _w in blk]:
-        algos[str(e["algorithm"])] = algos.get(str(e["algorithm"]), 0) + 1
-    algorithm = ", ".join(f"{a} x{c}" if c > 1 else a for a, c in algos.items() if a != "-")
-    return Replayed(n=n, step_s=step, lo_s=min(lo, step), hi_s=max(hi, step),
-                    shares={"comm": comm_pct, "data": data, "compute": compute, "other": other}, batch=batch,
-                    comm_lo=min(comm_lo, comm_pct) if comm_lo == comm_lo else comm_lo,
-                    comm_hi=max(comm_hi, comm_pct) if comm_hi == comm_hi else comm_hi, algorithm=algorithm)
 
 
 def measured_row(st: Structure) -> Dict[str, float]:
