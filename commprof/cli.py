@@ -16,16 +16,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _labels(values: List[str]):
-    out = {}
-    for v in values or []:
-        if "=" not in v:
-            raise UsageError(f"--label expects KEY=VALUE, got {v!r}")
-        k, val = v.split("=", 1)
-        out[k.strip()] = val.strip()
-    return out
-
-
 def _face_options(p) -> None:
     """How text tables are laid out (report, model, diff)."""
     g = p.add_argument_group("terminal output")
@@ -55,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_record_parser(sub) -> None:
-    """``commprof record``'s options."""
+    """``commprof record``'s options: the launcher's own here, the
+    recorder's generated from its Config fields (commprof/record/config.py)."""
+    from .record.config import add_options
+
     r = sub.add_parser("record", help="run a command and record every rank",
                        description="Run CMD unchanged; every Python process it starts that trains "
                                    "writes a per-rank trace; the shards are merged into DIR/trace.parquet.")
@@ -63,33 +56,10 @@ def _add_record_parser(sub) -> None:
                    help="output folder (default: ./commprof-YYYYmmdd-HHMMSS)")
     r.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="launch CMD's script through torchrun with N processes")
-    r.add_argument("--flush-interval", type=float, default=0.5, metavar="S",
-                   help="seconds between journal flushes (what a SIGKILL can lose); default 0.5")
-    r.add_argument("--no-nvtx", action="store_true", help="do not emit NVTX ranges")
-    r.add_argument("--disable", action="append", default=[], metavar="INSTRUMENT",
-                   help="leave an instrument out (repeatable)")
-    r.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                   help="add a label to the run metadata (used for grouping in reports)")
     r.add_argument("--keep-shards", action="store_true", help="keep per-rank shards after merging")
-    r.add_argument("--kernels", default="", metavar="START:COUNT",
-                   help="kernel mode: profile optimizer steps START..START+COUNT-1 with torch.profiler "
-                        "(CUDA kernels, NCCL, cuDNN) and merge the kernels into the trace")
-    r.add_argument("--telemetry", choices=("auto", "on", "off"), default="auto",
-                   help="GPU telemetry through NVML (auto: when CUDA is available)")
     r.add_argument("--horovod-timeline", action="store_true",
                    help="also turn on HOROVOD_TIMELINE and merge its phases (negotiation, fusion, "
                         "transfers) into the trace")
-    r.add_argument("--telemetry-interval", type=float, default=1.0, metavar="S",
-                   help="seconds between GPU telemetry samples (default 1)")
-    r.add_argument("--ddp-timing", choices=("auto", "comm-hook"), default="auto",
-                   help="how DDP's gradient buckets are timed: auto (process-group hooks, DDP keeps its C++ "
-                        "path; a timed comm hook where torch has none) or comm-hook (always torch's "
-                        "allreduce_hook, timed)")
-    r.add_argument("--no-native-hooks", action="store_true",
-                   help="time DDP's buckets with the Python process-group hooks, not the native (C++) ones "
-                        "(which commprof builds once per torch version)")
-    r.add_argument("--no-device-timing", action="store_true",
-                   help="do not time regions with CUDA events")
     r.add_argument("--nodes", type=int, default=None, metavar="N",
                    help="this is one of N 'commprof record' writing one shared folder (one per node); "
                         "the last to finish merges (default: inferred from srun / torchrun --nnodes)")
@@ -101,9 +71,7 @@ def _add_record_parser(sub) -> None:
                         "every rank is, whom the others wait for, every thread's stack")
     r.add_argument("--hang-kill", action="store_true",
                    help="with --hang-timeout: then end the job (commprof exits with status 124)")
-    r.add_argument("-v", "--verbose", action="store_true")
-    r.add_argument("--fault-inject", action="append", default=[], help=argparse.SUPPRESS)
-    r.add_argument("--simulate-device-lag-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    add_options(r)
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
@@ -394,20 +362,20 @@ def _fail(msg: str) -> int:
 
 
 def cmd_record(args) -> int:
+    from .record.config import from_options
     from .record.launcher import exit_like, record
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     out = args.output or time.strftime("commprof-%Y%m%d-%H%M%S")
-    rc = record(cmd, out, nproc=args.nproc, flush_interval=args.flush_interval,
-                nvtx=not args.no_nvtx, disable=args.disable, labels=_labels(args.label),
-                keep_shards=args.keep_shards, verbose=args.verbose, fault_inject=args.fault_inject,
-                kernels=args.kernels, telemetry=args.telemetry, device_timing=not args.no_device_timing,
-                telemetry_interval=args.telemetry_interval, horovod_timeline=args.horovod_timeline,
-                simulate_device_lag_ms=args.simulate_device_lag_ms, nodes=args.nodes, run_id=args.run_id,
-                hang_timeout=args.hang_timeout, hang_kill=args.hang_kill, ddp_timing=args.ddp_timing,
-                native_hooks=not args.no_native_hooks)
+    try:
+        options = from_options(args)
+    except ValueError as exc:
+        raise UsageError(str(exc))
+    rc = record(cmd, out, options, nproc=args.nproc, keep_shards=args.keep_shards,
+                horovod_timeline=args.horovod_timeline, nodes=args.nodes, run_id=args.run_id,
+                hang_timeout=args.hang_timeout, hang_kill=args.hang_kill)
     return exit_like(rc)
 
 

@@ -138,37 +138,23 @@ def child_env(config: Config, boot_dir: str, base: Optional[Dict[str, str]] = No
     return env
 
 
-def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_interval: float = 0.5,
-           nvtx: bool = True, disable: List[str] = (), labels: Optional[Dict[str, str]] = None,
-           keep_shards: bool = False, verbose: bool = False, fault_inject: List[str] = (),
-           kernels: str = "", telemetry: str = "auto", device_timing: bool = True,
-           telemetry_interval: float = 1.0, horovod_timeline: bool = False,
-           simulate_device_lag_ms: float = 0.0, nodes: Optional[int] = None, run_id: Optional[str] = None,
-           hang_timeout: float = 0.0, hang_kill: bool = False, ddp_timing: str = "auto",
-           native_hooks: bool = True) -> int:
+def record(cmd: List[str], out_dir: str, options: Optional[Dict[str, Any]] = None, nproc: Optional[int] = None,
+           keep_shards: bool = False, horovod_timeline: bool = False, nodes: Optional[int] = None,
+           run_id: Optional[str] = None, hang_timeout: float = 0.0, hang_kill: bool = False) -> int:
+    """Run ``cmd`` with every rank recorded into ``out_dir``. ``options``:
+    the recorder's Config fields as ``commprof record``'s options give them
+    (config.from_options); the other arguments are the launcher's own."""
     if not cmd:
         raise UsageError("no command to record (usage: commprof record [options] -- CMD ...)")
     if nproc is not None:
         if nproc < 1:
             raise UsageError("--nproc must be at least 1")
         cmd = with_nproc(cmd, nproc)
-    if kernels:
-        try:
-            start, _, count = kernels.partition(":")
-            if int(start) < 0 or int(count or 1) < 1:
-                raise ValueError
-        except ValueError:
-            raise UsageError(f"--kernels expects START:COUNT (steps), got {kernels!r}")
-    if telemetry not in ("auto", "on", "off"):
-        raise UsageError("--telemetry must be auto, on or off")
-    if telemetry_interval <= 0:
-        raise UsageError("--telemetry-interval must be > 0")
     if nodes is not None and nodes < 1:
         raise UsageError("--nodes must be at least 1")
     if hang_timeout < 0:
         raise UsageError("--hang-timeout must be >= 0 seconds")
-    if ddp_timing not in ("auto", "comm-hook"):
-        raise UsageError("--ddp-timing must be auto or comm-hook")
+    options = dict(options or {})
     out_dir = os.path.abspath(out_dir)
     expected = shared.expected_participants(cmd, dict(os.environ), nodes)
     run_id = run_id or shared.job_id(cmd, dict(os.environ)) or uuid.uuid4().hex[:12]
@@ -180,17 +166,11 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
         prepare_out_dir(out_dir)
     from .instruments import ALL
 
-    unknown = [d for d in list(disable) + list(fault_inject) if d not in ALL]
+    config = Config(out_dir=out_dir, run_id=run_id, command=tuple(cmd), launcher=detect_launcher(cmd),
+                    progress=hang_timeout > 0, **options)
+    unknown = [d for d in list(config.disable) + list(config.fault_inject) if d not in ALL]
     if unknown:
         raise UsageError(f"unknown instrument(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
-
-    config = Config(out_dir=out_dir, run_id=run_id, command=tuple(cmd),
-                    launcher=detect_launcher(cmd), flush_interval=flush_interval, nvtx=nvtx,
-                    disable=tuple(disable), verbose=verbose, fault_inject=tuple(fault_inject),
-                    labels=dict(labels or {}), kernels=kernels, telemetry=telemetry,
-                    device_timing=device_timing, telemetry_interval=telemetry_interval,
-                    simulate_device_lag_ms=simulate_device_lag_ms, progress=hang_timeout > 0,
-                    ddp_timing=ddp_timing, native_hooks=native_hooks)
     boot_dir = os.path.join(out_dir, f"{BOOTSTRAP_DIR}.{socket.gethostname()}.{os.getpid()}")
     bootstrap.write_bootstrap(boot_dir, config)
     shard_dir = os.path.join(out_dir, "shards")
@@ -199,7 +179,7 @@ def record(cmd: List[str], out_dir: str, nproc: Optional[int] = None, flush_inte
     if horovod_timeline:
         env["HOROVOD_TIMELINE"] = os.path.join(shard_dir, HOROVOD_TIMELINE_FILE)
 
-    if native_hooks and "ddp" not in disable and ddp_timing == "auto":
+    if config.native_hooks and "ddp" not in config.disable and config.ddp_timing == "auto":
         _ensure_native(cmd)
     watchdog = None
     if hang_timeout > 0:

@@ -77,3 +77,31 @@ def test_torch_is_not_imported_by_the_bootstrap(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules, 'pyarrow' in sys.modules)"],
                          env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_recorder_options_are_generated_from_config_fields():
+    """Every Config field that declares an option is a `commprof record`
+    flag (and only those); parsed values come back as Config keyword
+    arguments, bad ones as one-line errors."""
+    import argparse
+    import dataclasses
+
+    import pytest
+
+    from commprof.cli import build_parser
+    from commprof.record.config import Config, add_options, from_options
+
+    declared = {f.name for f in dataclasses.fields(Config) if "option" in f.metadata}
+    p = argparse.ArgumentParser()
+    add_options(p)
+    assert {a.dest for a in p._actions if a.dest != "help"} == declared
+    args = build_parser().parse_args(["record", "--no-nvtx", "--disable", "dataloader", "--label", "a=b",
+                                      "--telemetry-interval", "2", "--", "python", "x.py"])
+    kw = from_options(args)
+    cfg = Config(**kw)
+    assert (cfg.nvtx, cfg.disable, cfg.labels, cfg.telemetry_interval) == (False, ("dataloader",), {"a": "b"}, 2.0)
+    assert Config(**from_options(build_parser().parse_args(["record", "--", "x"]))) == Config()
+    for bad, text in ((["--kernels", "x"], "--kernels expects START:COUNT"), (["--label", "ab"], "KEY=VALUE"),
+                      (["--telemetry-interval", "0"], "--telemetry-interval must be > 0")):
+        with pytest.raises(ValueError, match=text):
+            from_options(build_parser().parse_args(["record", *bad, "--", "x"]))
