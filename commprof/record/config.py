@@ -95,6 +95,10 @@ class Config:
     #: Keep a small progress file per rank (last and in-flight collective),
     #: rewritten at each flush, for ``--hang-timeout``.
     progress: bool = False
+    #: Collectives each process keeps in its crash-proof ring (commprof/trace/ring.py).
+    ring_size: int = _opt(4096, "--ring-size", "collectives each rank keeps in its crash-proof ring for failure "
+                          "forensics (default 4096, 128 B each)", metavar="N",
+                          check=lambda v: None if v >= 16 else "--ring-size must be at least 16")
     #: Free-form labels added to the run metadata (``--label key=value``).
     labels: Dict[str, str] = _opt({}, "--label", "add a label to the run metadata (used for grouping in reports)",
                                   metavar="KEY=VALUE")

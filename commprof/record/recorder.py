@@ -302,7 +302,8 @@ class Recorder:
 
             os.makedirs(self.shard_dir, exist_ok=True)
             forensics.install(self.shard_dir, self.host, self.pid)
-            self.ring = _ring.RingWriter(_ring.ring_path(self.shard_dir, self.host, self.pid, "py"), pid=self.pid)
+            self.ring = _ring.RingWriter(_ring.ring_path(self.shard_dir, self.host, self.pid, "py"),
+                                         self.config.ring_size, pid=self.pid)
         except Exception as exc:
             warn(f"the collective ring is off in pid {self.pid}: {exc!r}")
             self.ring = None
@@ -321,9 +322,9 @@ class Recorder:
                     from ..trace import ring as _ring
 
                     mm = _ring.create(_ring.ring_path(self.shard_dir, self.host, self.pid, "native"),
-                                      pid=self.pid)
+                                      self.config.ring_size, pid=self.pid)
                     self.native_ring_addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
-                    module.set_ring(self.native_ring_addr, _ring.DEFAULT_SLOTS)
+                    module.set_ring(self.native_ring_addr, self.config.ring_size)
                     self._native_ring = mm  # mapped for the process's life: the extension writes into it
                     from . import forensics
 

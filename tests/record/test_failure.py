@@ -68,9 +68,12 @@ def test_a_size_mismatch_that_aborts_a_rank_is_named_with_both_sides(tmp_path, a
 def test_a_rank_sigkilled_inside_a_collective_keeps_its_in_flight_call(tmp_path):
     """Rank 1 skips a collective and lingers (same sizes: no abort): rank 0
     waits inside its all_reduce until the test SIGKILLs it. Its ring holds
-    the call; every collective its ring recorded is in the trace."""
+    the call; every collective its ring recorded is in the trace. The
+    rings have the size asked for (--ring-size 16) and keep at most that
+    many, the newest."""
     out = str(tmp_path / "rec")
-    proc = subprocess.Popen(commprof_cmd("record", "-o", out, "--nproc", "2", "--", sys.executable, MULTI,
+    proc = subprocess.Popen(commprof_cmd("record", "-o", out, "--nproc", "2", "--ring-size", "16", "--",
+                                         sys.executable, MULTI,
                                          "--steps", "40", "--skip-rank", "1", "--skip-at", "20",
                                          "--sync-like-grads", "--linger-s", "60"),
                             env=venv_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -86,6 +89,10 @@ def test_a_rank_sigkilled_inside_a_collective_keeps_its_in_flight_call(tmp_path)
                 victim = (header["pid"], recs, stuck[-1])
         time.sleep(0.2)
     assert victim is not None, "no rank got stuck in a collective"
+    rings = [ring.read(os.path.join(shards, f)) for f in os.listdir(shards) if f.endswith(".ring")]
+    assert len(rings) >= 3 and all(h["slots"] == 16 and len(r) <= 16 for h, r in rings), \
+        [(h, len(r)) for h, r in rings]
+    assert any(r and r[0]["index"] > 1 for _h, r in rings), "no ring wrapped"
     pid, recs_before, stuck = victim
     os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=120)
