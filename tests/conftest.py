@@ -122,15 +122,13 @@ def results(folder):
     return out
 
 
-@pytest.fixture
-def record(tmp_path):
-    """record(args..., cmd=[...]) -> (CompletedProcess, out_dir)."""
+def _recorder(folder):
     counter = {"n": 0}
 
     def _record(cmd, *options, out=None, timeout=240, env=None):
         counter["n"] += 1
-        out = out or str(tmp_path / f"rec{counter['n']}")
-        res = tmp_path / f"res{counter['n']}"
+        out = out or str(folder / f"rec{counter['n']}")
+        res = folder / f"res{counter['n']}"
         res.mkdir()
         cmd = [str(res) if c == "{res}" else c for c in cmd]
         proc = run(commprof_cmd("record", "-o", out, *options, "--", *cmd), timeout=timeout, env=env)
@@ -139,6 +137,29 @@ def record(tmp_path):
         return proc, out
 
     return _record
+
+
+@pytest.fixture
+def record(tmp_path):
+    """record(args..., cmd=[...]) -> (CompletedProcess, out_dir)."""
+    return _recorder(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def record_once(tmp_path_factory):
+    """record_once(cmd, *options) -> (CompletedProcess, out_dir): one
+    recording per command line for the whole module (tests that read the
+    same run share it; none may change its folder)."""
+    rec = _recorder(tmp_path_factory.mktemp("shared"))
+    done = {}
+
+    def _once(cmd, *options, timeout=240):
+        key = (tuple(cmd), tuple(options))
+        if key not in done:
+            done[key] = rec(cmd, *options, timeout=timeout)
+        return done[key]
+
+    return _once
 
 
 # -- the one-machine cluster (tests/cluster/) --------------------------------

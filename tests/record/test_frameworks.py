@@ -30,10 +30,17 @@ WL = os.path.join(ROOT, "tests", "workloads")
 STEPS = 6
 
 
-def test_horovodrun_two_ranks(record):
-    proc, out = record(["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY,
-                        os.path.join(WL, "tiny_hvd.py"), "--steps", str(STEPS), "--result-dir", "{res}"],
-                       "--horovod-timeline")
+HVD = (["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY, os.path.join(WL, "tiny_hvd.py"),
+        "--steps", str(STEPS), "--result-dir", "{res}"], "--horovod-timeline")
+
+
+def ds_zero(zero):
+    return ["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "tiny_ds.py"), "--zero", str(zero),
+            "--steps", "5", "--result-dir", "{res}"]
+
+
+def test_horovodrun_two_ranks(record_once):
+    proc, out = record_once(*HVD)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = proc.results
     run = assemble.load(out)
@@ -65,9 +72,8 @@ def test_horovodrun_two_ranks(record):
 
 
 @pytest.mark.parametrize("zero", [0, 2, 3])
-def test_deepspeed_zero_stages(record, zero):
-    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "tiny_ds.py"),
-                        "--zero", str(zero), "--steps", "5", "--result-dir", "{res}"])
+def test_deepspeed_zero_stages(record_once, zero):
+    proc, out = record_once(ds_zero(zero))
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = proc.results
     run = assemble.load(out)
@@ -111,13 +117,12 @@ def test_dali_cpu_pipeline(record, tmp_path):
     assert len(proc.results[0]["labels"]) == 16
 
 
-def test_side_by_side_report(record, tmp_path, capsys):
-    ddp, _ = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--steps", str(STEPS)])
-    hvd, _ = record(["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY,
-                     os.path.join(WL, "tiny_hvd.py"), "--steps", str(STEPS)])
-    ds, _ = record(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(WL, "tiny_ds.py"),
-                    "--zero", "2", "--steps", str(STEPS)])
-    outs = [str(tmp_path / f"rec{i}") for i in (1, 2, 3)]
+def test_side_by_side_report(record, record_once, capsys):
+    """DDP, Horovod and DeepSpeed runs of the same tiny model in one report
+    (the Horovod and ZeRO-2 runs are the ones the tests above read)."""
+    ddp = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--steps", str(STEPS)])
+    outs = [ddp[1], record_once(*HVD)[1], record_once(ds_zero(2))[1]]
+    assert all(os.path.isfile(os.path.join(o, "trace.parquet")) for o in outs)
     assert main(["report", *outs, "--group-by", "framework", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["tables"]["breakdown"]
     assert sorted(r["config"] for r in rows) == ["ddp", "deepspeed", "horovod"]
