@@ -27,6 +27,7 @@ WHAT = {
     "failure_repeat": "a job that dies, recorded repeatedly: the failure named every time",
     "predict_validate": "`commprof predict --validate` on the one-machine cluster (shaped links)",
     "lr_study": "the learning-rate scaling study of workloads/lr_study.py",
+    "bench": "`commprof bench` on this machine's CPU ranks (gloo): the nccl-tests table and the alpha-beta fit",
 }
 
 
@@ -44,6 +45,13 @@ def results():
         if files:
             out[bench] = files
     return out
+
+
+def _script(bench: str) -> str:
+    for folder in ("benchmarks", "workloads"):
+        if os.path.exists(os.path.join(ROOT, folder, bench + ".py")):
+            return f"Script: `{folder}/{bench}.py`"
+    return "Command: `commprof " + bench + "` (the exact command in each file)"
 
 
 def _commit_time(commit: str) -> int:
@@ -84,8 +92,7 @@ def render() -> str:
         files = res[bench]
         newest = max(d for d, _, _, _ in files)
         out += [f"## {bench}", "", WHAT.get(bench, ""), "",
-                f"Script: `benchmarks/{bench}.py`" if os.path.exists(os.path.join(ROOT, "benchmarks", bench + ".py"))
-                else f"Script: `workloads/{bench}.py`", ""]
+                _script(bench), ""]
         for d, c, variant, f in sorted(files, key=lambda x: (x[0], _commit_time(x[1]), x[3]), reverse=True):
             if d != newest:
                 continue
