@@ -24,6 +24,7 @@ WHAT = {
     "export_speed": "`commprof export chrome` of a large trace",
     "kineto_speed": "`commprof import kineto` + report vs Holistic Trace Analysis",
     "findings_power": "the findings' false-accusation rate and detection limit",
+    "collmodel_logs": "the collective cost model fitted on real 2-node nccl-tests logs, predicting 4 and 8 nodes",
     "failure_repeat": "a job that dies, recorded repeatedly: the failure named every time",
     "predict_validate": "`commprof predict --validate` on the one-machine cluster (shaped links)",
     "lr_study": "the learning-rate scaling study of workloads/lr_study.py",
