@@ -28,6 +28,7 @@ WHAT = {
     "failure_repeat": "a job that dies, recorded repeatedly: the failure named every time",
     "predict_validate": "`commprof predict --validate` on the one-machine cluster (shaped links)",
     "lr_study": "the learning-rate scaling study of workloads/lr_study.py",
+    "demo": "`make demo`: the README's bottleneck table",
     "bench": "`commprof bench` on this machine's CPU ranks (gloo): the nccl-tests table and the alpha-beta fit",
 }
 
@@ -52,6 +53,8 @@ def _script(bench: str) -> str:
     for folder in ("benchmarks", "workloads"):
         if os.path.exists(os.path.join(ROOT, folder, bench + ".py")):
             return f"Script: `{folder}/{bench}.py`"
+    if bench == "demo":
+        return "Command: `make demo` (the exact commands in each file)"
     return "Command: `commprof " + bench + "` (the exact command in each file)"
 
 
