@@ -189,7 +189,7 @@ def _holds(k: int, d: pd.DataFrame, names: Optional[Dict[str, Sequence[str]]]) -
     return "" if detail in ("default", "None", "nan", "") or detail.startswith("_") else str(detail)
 
 
-PATH_COLUMNS = ["step", "gate", "gate_rank", "gate_bucket", "gate_phase", "path", "tail_ms"]
+PATH_COLUMNS = ["step", "gate", "gate_rank", "gate_bucket", "gate_phase", "path", "tail_ms", "margin_ms"]
 
 
 def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
@@ -211,6 +211,8 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
     by = ph.groupby("step", sort=True)
     bwd_end = by["b1"].max()
     slow = ph.loc[by["b1"].idxmax(), ["step", "rank"]].set_index("step")["rank"]
+    bwd_margin = _margins(ph["step"].to_numpy(np.int64), np.zeros(len(ph), np.int64),
+                          ph["b1"].to_numpy(np.float64))[1]
     inst = _instances_per_step(g, ph, steps) if len(g) else {}
     rows = []
     for s_ in steps:
@@ -218,7 +220,7 @@ def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> p
         # no collective, or the slowest backward ends after every collective: compute gates
         if s_ not in inst or bwd_e > float(inst[s_][2][-1]):
             rows.append(_gate_row(s_, "compute", slow_bwd, None, lateness.why(s_, slow_bwd, None),
-                                  [f"rank {slow_bwd} backward", "optimizer"], 0.0))
+                                  [f"rank {slow_bwd} backward", "optimizer"], 0.0, bwd_margin.get(s_, np.nan)))
             continue
         rows.append(_bucket_gate(s_, inst[s_], bwd_e, lateness))
     return pd.DataFrame(rows, columns=PATH_COLUMNS)
@@ -253,9 +255,23 @@ class _Lateness:
         return best[1] if best[0] > 0 else "backward"
 
 
+def _margins(step: np.ndarray, k: np.ndarray, t: np.ndarray):
+    """Per (step, k), sorted: the latest ``t`` minus the second latest, in
+    ms (NaN where one rank alone has it); also as {step: margin} for k = 0."""
+    order = np.lexsort((t, k, step))
+    s, kk, tt = step[order], k[order], t[order]
+    ends = np.append(np.flatnonzero((np.diff(s) != 0) | (np.diff(kk) != 0)) + 1, len(s))
+    starts = np.insert(ends[:-1], 0, 0)
+    margin = np.full(len(ends), np.nan)
+    two = ends - starts >= 2
+    margin[two] = (tt[ends[two] - 1] - tt[ends[two] - 2]) / 1e6
+    return margin, {int(s[e - 1]): float(m) for e, m in zip(ends, margin)}
+
+
 def _instances_per_step(g: pd.DataFrame, ph: pd.DataFrame, steps) -> Dict[int, tuple]:
     """Per step: its buckets' (k, latest issue, mean completion, latest
-    issuer, op, median issue relative to each rank's backward start)."""
+    issuer, op, median issue relative to each rank's backward start, margin
+    of the latest issue over the second latest in ms)."""
     gg = g[g["step"].isin(steps)]
     b0_of = ph.set_index(["step", "rank"])["b0"]
     b0 = b0_of.reindex(pd.MultiIndex.from_arrays([gg["step"], gg["rank"]])).to_numpy(np.float64)
@@ -268,11 +284,13 @@ def _instances_per_step(g: pd.DataFrame, ph: pd.DataFrame, steps) -> Dict[int, t
     ks_arr = agg.index.get_level_values("k").to_numpy()
     last_arr, done_arr = agg["last"].to_numpy(np.float64), agg["done"].to_numpy(np.float64)
     rel_arr = agg["rel"].to_numpy(np.float64)
+    margin = _margins(gg["step"].to_numpy(np.int64), gg["k"].to_numpy(np.int64),
+                      gg["issue"].to_numpy(np.int64))[0]      # same (step, k) order as agg
     cuts = np.flatnonzero(np.diff(st_arr)) + 1
     inst: Dict[int, tuple] = {}
     for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(st_arr)]])):
         inst[int(st_arr[a])] = (ks_arr[a:b], last_arr[a:b], done_arr[a:b], who[a:b], op[int(st_arr[a])],
-                                rel_arr[a:b])
+                                rel_arr[a:b], margin[a:b])
     return inst
 
 
@@ -280,7 +298,7 @@ def _bucket_gate(step: int, inst: tuple, bwd_e: float, lateness: _Lateness) -> d
     """Walk back from the last collective: a bucket issued before the
     previous one completed waited for it; the first that did not is the
     gate, and its last-ready rank says why."""
-    ks, last, done, whos, op_, rels = inst
+    ks, last, done, whos, op_, rels, margins = inst
     last_done = float(done[-1])
     chain: List[str] = []
     j = len(ks) - 1
@@ -292,16 +310,16 @@ def _bucket_gate(step: int, inst: tuple, bwd_e: float, lateness: _Lateness) -> d
     phase = lateness.why(step, who_j, float(last[j]), rel_j if rel_j == rel_j else None)
     chain = [f"rank {who_j} {phase}", f"bucket {k} ready last on rank {who_j}", f"bucket {k} {op_}"] \
         + chain + ["optimizer"]
-    return _gate_row(step, "bucket", who_j, int(k), phase, chain, (last_done - bwd_e) / 1e6)
+    return _gate_row(step, "bucket", who_j, int(k), phase, chain, (last_done - bwd_e) / 1e6, float(margins[j]))
 
 
-def _gate_row(step, kind, rank, bucket, phase, chain, tail_ms):
+def _gate_row(step, kind, rank, bucket, phase, chain, tail_ms, margin_ms):
     if kind == "compute":
         gate = f"rank {rank} {phase} (compute: the slowest backward ends after the last collective)"
     else:
         gate = f"bucket {bucket}, ready last on rank {rank} ({phase})"
     return {"step": int(step), "gate": gate, "gate_rank": int(rank), "gate_bucket": bucket, "gate_phase": phase,
-            "path": " -> ".join(chain), "tail_ms": tail_ms}
+            "path": " -> ".join(chain), "tail_ms": tail_ms, "margin_ms": margin_ms}
 
 
 GATE_COLUMNS = ["gate", "bucket", "bytes", "rank", "steps", "steps_pct", "phase", "tail_ms", "example"]

@@ -201,7 +201,8 @@ RULES: List[Rule] = [
     Rule("critical path: rank r is the last ready",
          "k of n measured steps in which rank r's bucket (or backward) was the last one ready",
          "every rank is last with chance 1/N per step; one-sided exact binomial test, Bonferroni over the N ranks",
-         _alpha()),
+         f"{_alpha()} and a median margin over the next-latest rank of at least {MIN_EFFECT_MS} ms and "
+         f"{100 * MIN_EFFECT_REL:.0f} % of the median step"),
     Rule("straggler: rank r (work | data | step)",
          "per step, rank r's value minus the median of the other ranks (work = step time minus exposed communication); "
          "k of n steps positive, median excess with its distribution-free 95 % interval",

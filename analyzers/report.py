@@ -378,6 +378,48 @@ _GATE_ADVICE = {
 }
 
 
+_JITTER_ADVICE = ("jitter, not one straggler: smaller buckets (bucket_cap_mb) let the reduction start earlier; "
+                  "fewer host-side stalls (data, Python) even out the ranks")
+
+
+def _gate_finding(key, world_size: int, paths: pd.DataFrame, b: pd.DataFrame, ph: pd.DataFrame) -> dict:
+    """The critical path's finding: the most frequent gate, and whether its
+    rank is last ready beyond chance (binomial test) by more than the
+    effect floor (its median margin over the next-latest rank)."""
+    from . import buckets as bk
+
+    summ = bk.gate_summary(paths)
+    size = dict(zip(b["bucket"], b["bytes"])).get(summ["bucket"])
+    what = (f"bucket {summ['bucket']}" + (f" ({size / 2 ** 20:.1f} MiB)" if size else "")
+            if summ["bucket"] >= 0 else "the slowest rank's backward")
+    mine = paths[paths["gate_rank"] == summ["rank"]]
+    phase = mine["gate_phase"].mode().iloc[0] if len(mine) else "backward"
+    example = mine[mine["gate_phase"] == phase]["path"].iloc[0] if len(mine) else ""
+    k = int(round(summ["rank_pct"] * summ["steps"] / 100))
+    test = evidence.binomial_test(k, summ["steps"], 1.0 / world_size, world_size)
+    last = f"rank {summ['rank']} is the last ready in {test.text()}"
+    margin = float(mine["margin_ms"].median()) if len(mine) else float("nan")
+    floor = evidence.min_effect_ms(float(((ph["s1"] - ph["s0"]) / 1e6).median()))
+    if test.significant and not margin >= floor:
+        who = (f"{last}, but by a median {margin:.2f} ms over the next rank, below the {floor:.2f} ms "
+               "effect floor: no single rank")
+        advice = _JITTER_ADVICE
+    elif test.significant:
+        who = f"{last} (why: {phase})"
+        advice = _GATE_ADVICE.get(phase, "").format(r=summ["rank"])
+    elif summ["steps"] < test.needed:
+        who = f"{last}: too few steps to tell one rank from chance with {world_size} ranks (needs {test.needed})"
+        advice = f"record at least {test.needed} steps after the warm-up to tell a straggler from jitter"
+    else:
+        who = f"{last}: consistent with chance for {world_size} ranks, no single rank"
+        advice = _JITTER_ADVICE
+    return {"config": key[0], "gpus": key[1],
+            "finding": f"critical path: {what} gates {summ['bucket_pct']:.0f} % of steps",
+            "evidence": f"{summ['steps']} measured steps walked back from the last gradient collective; {who}; "
+                        f"e.g. {example}",
+            "advice": advice}
+
+
 def fine_grain(runs) -> dict:
     """Per (configuration, GPU count), from the first run of each: bucket
     table, critical-path gates, update delays, the gating finding, and
@@ -406,32 +448,7 @@ def fine_grain(runs) -> dict:
             gates = bk.gate_table(paths, b)
             if len(gates):
                 gt[key] = gates
-                summ = bk.gate_summary(paths)
-                size = dict(zip(b["bucket"], b["bytes"])).get(summ["bucket"])
-                what = (f"bucket {summ['bucket']}" + (f" ({size / 2 ** 20:.1f} MiB)" if size else "")
-                        if summ["bucket"] >= 0 else "the slowest rank's backward")
-                mine = paths[paths["gate_rank"] == summ["rank"]]
-                phase = mine["gate_phase"].mode().iloc[0] if len(mine) else "backward"
-                example = mine[mine["gate_phase"] == phase]["path"].iloc[0] if len(mine) else ""
-                k = int(round(summ["rank_pct"] * summ["steps"] / 100))
-                test = evidence.binomial_test(k, summ["steps"], 1.0 / r.world_size, r.world_size)
-                last = f"rank {summ['rank']} is the last ready in {test.text()}"
-                if test.significant:
-                    who = f"{last} (why: {phase})"
-                    advice = _GATE_ADVICE.get(phase, "").format(r=summ["rank"])
-                elif summ["steps"] < test.needed:
-                    who = (f"{last}: too few steps to tell one rank from chance with {r.world_size} ranks "
-                           f"(needs {test.needed})")
-                    advice = f"record at least {test.needed} steps after the warm-up to tell a straggler from jitter"
-                else:
-                    who = f"{last}: consistent with chance for {r.world_size} ranks, no single rank"
-                    advice = ("jitter, not one straggler: smaller buckets (bucket_cap_mb) let the reduction start "
-                              "earlier; fewer host-side stalls (data, Python) even out the ranks")
-                rows.append({"config": key[0], "gpus": key[1],
-                             "finding": f"critical path: {what} gates {summ['bucket_pct']:.0f} % of steps",
-                             "evidence": f"{summ['steps']} measured steps walked back from the last gradient "
-                                         f"collective; {who}; e.g. {example}",
-                             "advice": advice})
+                rows.append(_gate_finding(key, r.world_size, paths, b, ph))
         if biggest is None or r.world_size > biggest.world_size:
             biggest = r
     if biggest is not None:

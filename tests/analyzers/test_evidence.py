@@ -175,3 +175,19 @@ def test_the_gate_says_why_the_planted_rank_is_late(tmp_path, where, why):
     found = commprof.load(path).report().tables["bottlenecks"].frame
     gate = found[found["finding"].str.startswith("critical path")]["evidence"].iloc[0]
     assert "rank 6 is the last ready" in gate and f"(why: {why})" in gate, gate
+
+
+@pytest.mark.parametrize("delta_ms, named", [(0.3, False), (2.0, True)])
+def test_a_gate_rank_late_by_less_than_the_effect_floor_is_not_named(tmp_path, delta_ms, named):
+    """Two ranks, one systematically later at every step with almost no
+    jitter: it is the last ready in every step (the binomial test alone
+    would name it), but 0.3 ms on a ~35 ms step is under the 2 % floor;
+    2 ms is over it and named with its phase."""
+    import commprof
+
+    path = Sim(2, 40, seed=1, slow_rank=1, delta_ms=delta_ms, jitter=0.001).run().write(tmp_path / "t.parquet")
+    found = commprof.load(path).report().tables["bottlenecks"].frame
+    gate = found[found["finding"].str.startswith("critical path")]["evidence"].iloc[0]
+    assert "rank 1 is the last ready in 39 of 39 steps" in gate, gate     # every step after the warm-up
+    assert ("(why: backward)" in gate) is named, gate
+    assert ("below the" in gate and "effect floor: no single rank" in gate) is (not named), gate
