@@ -29,7 +29,7 @@ Pure: DataFrames in, tables out."""
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import pandas as pd
@@ -153,29 +153,43 @@ _RANK_ADVICE = "check {u}'s device and its placement (nvidia-smi topo -m, PCIe /
 _RANK_LINK_ADVICE = "check the link between {a} and {b} (nvidia-smi topo -m, NVLink errors)"
 
 
-def _attribute(df: pd.DataFrame, unit: str, unit_advice: str, link_advice: str):
-    """Units (nodes or ranks) first: a unit is slow when more than half of
-    its pairs are slow against the median of the pairs it is not in (so a
-    slow unit cannot drag the reference down, even among three). Then every
-    pair against the median of the pairs between units that are not slow."""
-    units = sorted(set(df["ua"]) | set(df["ub"]))
-    rows, slow_units = [], []
-    for u in units:
-        touch = (df["ua"] == u) | (df["ub"] == u)
-        mine, rest = df[touch], df[~touch]
-        others = float(rest["bw_GBps"].median()) if len(rest) else float("nan")
-        n_slow = int((mine["bw_GBps_p75"] < SLOW * others).sum()) if np.isfinite(others) else 0
-        slow = bool(len(mine) >= 2 and n_slow * 2 > len(mine))
+def slow_members(sets: Sequence[Set], bw: np.ndarray, p75: np.ndarray):
+    """The attribution rule of the pairs bench and of a trace's inter-node
+    groups (analyzers/slowlinks.py). Members (nodes or ranks) first: one is
+    slow when more than half (>= 2) of the sets it is in have an upper
+    quartile below ``SLOW`` x the median of the sets without it (so a slow
+    member cannot drag its own reference down, even among three). Then
+    every set against the median of the sets of members that are not slow.
+    Returns per member (member, sets, slow sets, own median, own minimum,
+    the others' median, slow), the healthy-set mask, that reference median
+    and the slow-set mask."""
+    bw, p75 = np.asarray(bw, np.float64), np.asarray(p75, np.float64)
+    per, slow_units = [], set()
+    for u in sorted(set().union(*sets)) if len(sets) else []:
+        mine = np.array([u in s for s in sets], bool)
+        others = float(pd.Series(bw[~mine]).median()) if (~mine).any() else float("nan")
+        n_slow = int((p75[mine] < SLOW * others).sum()) if np.isfinite(others) else 0
+        slow = bool(mine.sum() >= 2 and n_slow * 2 > mine.sum())
         if slow:
-            slow_units.append(u)
-        rows.append({"host": u, "pairs": len(mine), "slow_pairs": n_slow,
-                     "bw_GBps_median": float(mine["bw_GBps"].median()) if len(mine) else float("nan"),
-                     "bw_GBps_min": float(mine["bw_GBps"].min()) if len(mine) else float("nan"),
-                     "others_GBps_median": others, "verdict": f"slow {unit}" if slow else "normal"})
-    table = pd.DataFrame(rows, columns=NODE_COLUMNS)
-    healthy = ~df["ua"].isin(slow_units) & ~df["ub"].isin(slow_units)
-    ref = float(df.loc[healthy, "bw_GBps"].median()) if healthy.any() else float(df["bw_GBps"].median())
-    slow_pair = (df["bw_GBps_p75"] < SLOW * ref) & (len(df) >= 3)
+            slow_units.add(u)
+        own = pd.Series(bw[mine])
+        per.append((u, int(mine.sum()), n_slow, float(own.median()), float(own.min()), others, slow))
+    healthy = np.array([not (s & slow_units) for s in sets], bool)
+    ref = float(pd.Series(bw[healthy] if healthy.any() else bw).median())
+    return per, healthy, ref, p75 < SLOW * ref
+
+
+def _attribute(df: pd.DataFrame, unit: str, unit_advice: str, link_advice: str):
+    """Slow units (nodes or ranks) and slow pairs by :func:`slow_members`."""
+    units = sorted(set(df["ua"]) | set(df["ub"]))
+    per, healthy_arr, ref, slow_arr = slow_members([{a, b} for a, b in zip(df["ua"], df["ub"])],
+                                                   df["bw_GBps"].to_numpy(), df["bw_GBps_p75"].to_numpy())
+    slow_units = [u for u, *_x, slow in per if slow]
+    table = pd.DataFrame([{"host": u, "pairs": n, "slow_pairs": k, "bw_GBps_median": med, "bw_GBps_min": low,
+                           "others_GBps_median": others, "verdict": f"slow {unit}" if slow else "normal"}
+                          for u, n, k, med, low, others, slow in per], columns=NODE_COLUMNS)
+    healthy = pd.Series(healthy_arr, index=df.index)
+    slow_pair = pd.Series(slow_arr, index=df.index) & (len(df) >= 3)
     findings = []
     for u in slow_units:
         r = table[table["host"] == u].iloc[0]

@@ -37,7 +37,7 @@ import pandas as pd
 
 from ..trace.ops import bus_factor
 from .codes import str_codes
-from .pairs import SLOW
+from .pairs import SLOW, slow_members
 
 GROUP_COLUMNS = ["class", "group", "op", "nodes", "n_nodes", "ranks", "calls", "bytes", "transfer_ms",
                  "busbw_GBps", "busbw_GBps_p75", "slow"]
@@ -162,24 +162,13 @@ def _sets(g: pd.DataFrame) -> List[set]:
 
 
 def _attribute_class(cls: str, g: pd.DataFrame):
+    """One class's groups by the pairs bench's rule (pairs.slow_members)."""
     sets = _sets(g)
-    bw, p75 = g["busbw_GBps"].to_numpy(), g["busbw_GBps_p75"].to_numpy()
-    units = sorted(set().union(*sets))
-    rows, slow_units = [], []
-    for u in units:
-        mine = np.array([u in s for s in sets])
-        others = float(np.median(bw[~mine])) if (~mine).any() else float("nan")
-        n_slow = int((p75[mine] < SLOW * others).sum()) if np.isfinite(others) else 0
-        slow = bool(mine.sum() >= 2 and n_slow * 2 > mine.sum())
-        if slow:
-            slow_units.append(u)
-        rows.append({"class": cls, "host": u, "groups": int(mine.sum()), "slow_groups": n_slow,
-                     "busbw_GBps_median": float(np.median(bw[mine])), "others_GBps_median": others,
-                     "verdict": "slow in communication" if slow else "normal"})
-    table = pd.DataFrame(rows, columns=NODE_COLUMNS)
-    healthy = np.array([not (s & set(slow_units)) for s in sets])
-    ref = float(np.median(bw[healthy])) if healthy.any() else float(np.median(bw))
-    slow_group = p75 < SLOW * ref
+    per, healthy, ref, slow_group = slow_members(sets, g["busbw_GBps"].to_numpy(), g["busbw_GBps_p75"].to_numpy())
+    slow_units = [u for u, *_x, slow in per if slow]
+    table = pd.DataFrame([{"class": cls, "host": u, "groups": n, "slow_groups": k, "busbw_GBps_median": med,
+                           "others_GBps_median": others, "verdict": "slow in communication" if slow else "normal"}
+                          for u, n, k, med, _low, others, slow in per], columns=NODE_COLUMNS)
     findings = []
     for u in slow_units:
         r = table[table["host"] == u].iloc[0]
