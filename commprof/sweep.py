@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .errors import UsageError
+from .trace.files import atomic_write
 
 LAUNCHERS = ("local", "slurm")
 #: keys the recorder detects itself: varied, they are not added as labels
@@ -142,6 +143,15 @@ def _vary_from_cli(items: List[str]) -> Dict[str, Dict[str, Dict[str, str]]]:
     return out
 
 
+#: each key of a plan (a Plan field, a TOML key) and how a value from the
+#: TOML file or the command line becomes the field's
+_FROM_TOML = {
+    "command": str, "nproc": _ints, "vary": _vary_from_toml, "output": str, "launcher": str,
+    "gpus_per_node": int, "record_args": lambda v: [str(a) for a in v], "cell_timeout": lambda v: float(v or 0),
+    "slurm": lambda v: dict(v or {}), "pairs": bool,
+}
+
+
 def load_plan(path: Optional[str] = None, **cli) -> Plan:
     """The plan from ``path`` (TOML) with command-line values on top."""
     plan = Plan()
@@ -153,39 +163,22 @@ def load_plan(path: Optional[str] = None, **cli) -> Plan:
                 doc = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"sweep: {path}: not valid TOML: {exc}")
-        known = {"command", "nproc", "vary", "output", "launcher", "gpus_per_node", "record_args",
-                 "cell_timeout", "slurm", "pairs"}
+        known = set(_FROM_TOML)
         unknown = sorted(set(doc) - known)
         if unknown:
             raise UsageError(f"sweep: {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        plan.command = str(doc.get("command", ""))
-        if "nproc" in doc:
-            plan.nproc = _ints(doc["nproc"])
-        plan.vary = _vary_from_toml(doc.get("vary"))
-        plan.output = str(doc.get("output", plan.output))
-        plan.launcher = str(doc.get("launcher", plan.launcher))
-        plan.gpus_per_node = int(doc.get("gpus_per_node", plan.gpus_per_node))
-        plan.record_args = [str(a) for a in doc.get("record_args", [])]
-        plan.cell_timeout = float(doc.get("cell_timeout", 0) or 0)
-        plan.slurm = dict(doc.get("slurm") or {})
-        plan.pairs = bool(doc.get("pairs", False))
-    if cli.get("command"):
-        plan.command = cli["command"]
-    if cli.get("nproc"):
-        plan.nproc = _ints(cli["nproc"])
+        for key, value in doc.items():
+            try:
+                setattr(plan, key, _FROM_TOML[key](value))
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"sweep: {path}: {key} = {value!r}: {exc}")
+    for key in ("command", "nproc", "output", "launcher", "gpus_per_node", "cell_timeout", "pairs"):
+        if cli.get(key):
+            setattr(plan, key, _FROM_TOML[key](cli[key]))
     if cli.get("vary"):
         plan.vary.update(_vary_from_cli(cli["vary"]))
-    for key in ("output", "launcher"):
-        if cli.get(key):
-            setattr(plan, key, cli[key])
-    if cli.get("gpus_per_node"):
-        plan.gpus_per_node = int(cli["gpus_per_node"])
     if cli.get("record_args"):
         plan.record_args += list(cli["record_args"])
-    if cli.get("cell_timeout"):
-        plan.cell_timeout = float(cli["cell_timeout"])
-    if cli.get("pairs"):
-        plan.pairs = True
     for key in ("partition", "time"):
         if cli.get(key):
             plan.slurm[key] = cli[key]
@@ -296,10 +289,7 @@ def complete(cell: Cell) -> bool:
 
 def _write_state(cell: Cell, doc: dict) -> None:
     os.makedirs(cell.folder, exist_ok=True)
-    tmp = os.path.join(cell.folder, STATE + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(doc, fh, indent=1)
-    os.replace(tmp, os.path.join(cell.folder, STATE))
+    atomic_write(os.path.join(cell.folder, STATE), json.dumps(doc, indent=1))
 
 
 def _set_aside(cell: Cell) -> Optional[str]:

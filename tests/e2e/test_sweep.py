@@ -59,6 +59,40 @@ request_gpus = true
     assert proc.returncode == 2 and "unknown placeholder {width}" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+def test_a_plan_reads_every_field_from_toml_and_the_command_line_on_top(tmp_path):
+    """Every Plan field is a TOML key (one table, commprof/sweep.py); the
+    command line overrides or extends; a value of the wrong kind is a
+    one-line UsageError naming its key."""
+    import dataclasses
+
+    from commprof import sweep
+    from commprof.errors import UsageError
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text('''command = "python train.py"
+nproc = "1,2"
+output = "s"
+launcher = "slurm"
+gpus_per_node = 4
+record_args = ["--hang-timeout", "60"]
+cell_timeout = 30
+pairs = true
+[vary]
+loader = ["native", "dali"]
+[slurm]
+partition = "gpu"
+''')
+    got = sweep.load_plan(str(plan), nproc="8", record_args=["--ring-size", "64"], time="00:05:00")
+    assert {f.name for f in dataclasses.fields(sweep.Plan)} == set(sweep._FROM_TOML)
+    assert (got.command, got.nproc, got.output, got.launcher, got.gpus_per_node) == \
+        ("python train.py", [8], "s", "slurm", 4)
+    assert got.record_args == ["--hang-timeout", "60", "--ring-size", "64"] and got.cell_timeout == 30.0
+    assert got.pairs and list(got.vary) == ["loader"] and got.slurm == {"partition": "gpu", "time": "00:05:00"}
+    plan.write_text('command = "x"\ngpus_per_node = "four"\n')
+    with pytest.raises(UsageError, match="gpus_per_node = 'four'"):
+        sweep.load_plan(str(plan))
+
+
 @pytest.mark.slow
 def test_local_sweep_resumes_and_survives_a_failing_cell(tmp_path):
     study = str(tmp_path / "study")

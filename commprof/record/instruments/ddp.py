@@ -205,13 +205,7 @@ class DDPInstrument(Instrument):
             report's bucket table), as module names in the bucket's order."""
             seen_buckets.add(bucket.index())
             try:
-                names = {id(p): n for n, p in ddp.module.named_parameters()}
-                mods = []
-                for p in bucket.parameters():
-                    m = names.get(id(p), "?").rsplit(".", 1)[0]
-                    if not mods or mods[-1] != m:
-                        mods.append(m)
-                rec.note_bucket(bucket.index(), mods)
+                rec.note_bucket(bucket.index(), _module_names(bucket.parameters(), ddp))
             except Exception:  # names are a nicety: never a reason to stop timing
                 pass
 
@@ -324,9 +318,7 @@ class _GroupHooks:
                 dt = None if t is None else t.dtype
                 kind = dtypes.get(dt)
                 if kind is None:
-                    # find_unused_parameters: the Reducer also allreduces its int32 map of used parameters
-                    kind = dtypes[dt] = (str(dt), "reducer" if dt is None or dt.is_floating_point
-                                         else "local_used_map")
+                    kind = dtypes[dt] = _kind(dt)
                 seq = rec.next_seq(gname)
                 rec.last_comm_issue = t0  # the backward's split point (Recorder.comm_issued)
                 rec.comm_started(gname, seq, "all_reduce", nbytes, t0, kind[0], "ddp_reducer", rec.clock.step,
@@ -402,8 +394,7 @@ class _NativeGroupHooks:
         kinds = {}
         for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64,
                    torch.uint8, torch.int8, torch.bool):
-            kinds[mod.scalar_type_code(torch.empty(0, dtype=dt))] = (
-                str(dt), "reducer" if dt.is_floating_point else "local_used_map")
+            kinds[mod.scalar_type_code(torch.empty(0, dtype=dt))] = _kind(dt)
         self._kinds = kinds
         self._held = []  # rows of a backward that has not ended yet
         # the group's counter continues where Python left it
@@ -465,13 +456,26 @@ def _note_buckets(rec, ddp) -> bool:
     if not data.get("has_rebuilt_buckets"):
         return False
     params = list(ddp._module_parameters)
-    names = {id(p): n for n, p in ddp.module.named_parameters()}
     for index, part in enumerate(str(data.get("rebuilt_per_bucket_param_indices", "")).split(",")):
-        mods = []
-        for i in part.split():
-            m = names.get(id(params[int(i)]), "?").rsplit(".", 1)[0]
-            if not mods or mods[-1] != m:
-                mods.append(m)
+        mods = _module_names([params[int(i)] for i in part.split()], ddp)
         if mods:
             rec.note_bucket(index, mods)
     return True
+
+
+def _module_names(params, ddp) -> list:
+    """The modules holding ``params``, in their order, each once per run of
+    consecutive parameters (a bucket's contents for the report)."""
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+    mods: list = []
+    for p in params:
+        m = names.get(id(p), "?").rsplit(".", 1)[0]
+        if not mods or mods[-1] != m:
+            mods.append(m)
+    return mods
+
+
+def _kind(dt) -> tuple:
+    """(dtype name, detail) of a DDP all_reduce: with find_unused_parameters
+    the Reducer also all-reduces its int32 map of used parameters."""
+    return str(dt), "reducer" if dt is None or dt.is_floating_point else "local_used_map"
