@@ -105,12 +105,18 @@ class ChunkRows:
     kernels: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None   # (shares, GPU breakdown) per rank
     telemetry: Optional[pd.DataFrame] = None    # GPU metrics per rank
     phases: Optional[pd.DataFrame] = None       # Horovod timeline phases
-    fine: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None      # (phases, grads) of the sampled steps
+    fine: Optional[Tuple[pa.Table, pd.DataFrame]] = None      # (events, steps) of the sampled steps
     span: Optional[pd.DataFrame] = None         # per rank: first and last measured step
+
+    compact: Optional[pd.DataFrame] = None      # measured steps without times, compact types
+
+    def __post_init__(self):
+        if self.compact is None and not self.steps.empty:    # in the worker that swept the chunk
+            self.compact = self.steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT)
 
     @property
     def compact_steps(self) -> pd.DataFrame:
-        return self.steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT)
+        return self.compact
 
 
 def pa_mask(mask: np.ndarray):
@@ -142,9 +148,11 @@ def _comm_rows(chunk, rank: np.ndarray, step: np.ndarray, cat: np.ndarray, span:
     pos = np.clip(np.searchsorted(ranks, rank), 0, len(ranks) - 1)
     keep = is_comm & (ranks[pos] == rank) & (step >= span["min"].to_numpy()[pos]) \
         & (step <= span["max"].to_numpy()[pos])
+    if multi_host:      # the columns the folds read, before the rows are taken
+        chunk = chunk.select([c for c in COMM_COLUMNS if c in chunk.column_names])
     comm = chunk.filter(pa_mask(keep))
     if multi_host:
-        comm = comm.select([c for c in COMM_COLUMNS if c in comm.column_names and not (
+        comm = comm.select([c for c in comm.column_names if not (
             c.startswith("dev_") and comm.column(c).null_count == comm.num_rows)])
     return comm
 
@@ -190,8 +198,8 @@ def _phase_rows(chunk, ev: Events) -> Optional[pd.DataFrame]:
 
 
 def _fine_rows(chunk, ev: Events, steps: pd.DataFrame):
-    """The fine grain's rows of the sampled steps: only their events become
-    pandas rows."""
+    """The events of the fine grain's sampled steps (Arrow) and those steps;
+    :class:`FineGrain` turns every chunk's into pandas rows at once."""
     keep = (ev.cat == CAT["compute"]) | (ev.cat == CAT["comm"]) | (ev.cat == CAT["data"]) | \
         (ev.cat == CAT["wait"])
     sampled = buckets.sampled_steps(steps)
@@ -200,9 +208,8 @@ def _fine_rows(chunk, ev: Events, steps: pd.DataFrame):
     if not keep.any():
         return None
     fe = chunk.filter(pa_mask(keep)).select(
-        ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "bytes",
-         "blocking"]).to_pandas()
-    return buckets.rank_rows(fe, steps, sampled=sampled)
+        ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "bytes", "blocking"])
+    return fe, sampled
 
 
 # -- accumulators --------------------------------------------------------------
@@ -292,13 +299,15 @@ class CallSample:
         self.rows = 0
 
     def add(self, comm: pa.Table) -> None:
+        self.calls += comm.num_rows
+        if self.stride > 1 and "seq" in comm.column_names:      # the sample's rows only become pandas rows
+            seq = np.nan_to_num(comm.column("seq").to_numpy(zero_copy_only=False).astype(np.float64))
+            comm = comm.filter(pa_mask(seq % self.stride == 0))
         f = comm.select([x for x in _ALIGN_COLUMNS if x in comm.column_names]).to_pandas()
         dev = device_times(comm)
         if dev is not None:
             _d0, d1, has = dev
             f["t_end"] = np.where(has, d1, f["t_end"].to_numpy())
-        self.calls += len(f)
-        f = self._keep(f)
         self.frames.append(f)
         self.rows += len(f)
         while self.limit is not None and self.rows > self.limit:
@@ -344,15 +353,23 @@ class FineGrain:
     steps, shifted onto the aligned clocks at the end."""
 
     def __init__(self):
-        self.phases, self.grads = Frames(buckets.PHASE_COLUMNS), Frames(buckets.GRAD_COLUMNS)
+        self.events: List[pa.Table] = []
+        self.sampled = Frames()
 
     def add(self, fine) -> None:
-        if fine is not None:
-            self.phases.add(fine[0])
-            self.grads.add(fine[1])
+        if fine is not None:        # (the sampled steps' events, those steps): a few per cent of a chunk
+            self.events.append(fine[0])
+            self.sampled.add(fine[1])
 
     def finish(self, offsets: Dict[int, int]):
-        return buckets.shifted(self.phases.finish(), self.grads.finish(), offsets)
+        if not self.events:
+            return buckets.shifted(pd.DataFrame(columns=buckets.PHASE_COLUMNS),
+                                   pd.DataFrame(columns=buckets.GRAD_COLUMNS), offsets)
+        ev = pa.concat_tables(self.events, promote_options="permissive").to_pandas()
+        self.events = []
+        sampled = self.sampled.finish()
+        phases, grads = buckets.rank_rows(ev, sampled, sampled=sampled)
+        return buckets.shifted(phases, grads, offsets)
 
 
 class Timeline:
