@@ -130,8 +130,8 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     issue, latest issue (and the rank that issued it), summed completions,
     counts, largest message. Rows of one raw event are partials with
     n = 1."""
-    if len(a["key"]) == 0:
-        return a
+    if len(a["key"]) == 0 or bool(np.all(a["key"][1:] > a["key"][:-1])):
+        return a        # every row its own instance, in order (one rank's calls): nothing to combine
     order = np.argsort(a["key"], kind="stable")  # runs of increasing keys: cheap to merge
     key = a["key"][order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])

@@ -98,7 +98,7 @@ def sign_tests(values: pd.DataFrame, scale: float = 1e6) -> pd.DataFrame:
     d = m / scale - med
     k = (d > 0).sum(axis=0)
     srt = np.sort(d, axis=0)
-    excess = np.median(d, axis=0)
+    excess = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])     # the median, read off the sort
     j = ev.median_rank(n)
     lo, hi = (srt[j - 1], srt[n - j]) if j else (srt[0], srt[-1])
     needed = ev.min_trials(0.5, members)
