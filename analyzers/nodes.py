@@ -122,8 +122,8 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     late = lateness.assign(host=lateness["rank"].map(lambda r: hosts.get(int(r), "?"))) \
         if len(lateness) else pd.DataFrame(columns=["host", "lateness_ms", "last_pct"])
     busbw = _host_busbw(comm, hosts)
-    work = pd.DataFrame({"unit": hc, "step": steps["step"].to_numpy(), "v": work_ns}) \
-        .groupby(["unit", "step"], as_index=False)["v"].mean()
+    # a host's ranks at one step averaged by sign_tests (stragglers.wide)
+    work = pd.DataFrame({"unit": hc, "step": steps["step"].to_numpy(), "v": work_ns})
     tests = sign_tests(work).set_index("unit")
     pairs = np.unique(hc.astype(np.int64) << 32 | rank)
     rows = []
