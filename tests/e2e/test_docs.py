@@ -53,3 +53,19 @@ def test_the_benchmarks_page_is_generated_from_the_result_files():
         assert os.path.isdir(os.path.join(results, bench)), bench
         for f in os.listdir(os.path.join(results, bench)):
             assert re.match(r"^\d{4}-\d{2}-\d{2}-[0-9a-f]{7,40}(-[\w.-]+)?\.(md|txt|json|csv|html)$", f), f
+
+
+def test_the_report_guides_example_is_the_golden_report():
+    """docs/report.md's example block is an excerpt of the golden study
+    report (compared exactly by test_golden.py): its table rows appear
+    there as they are, its finding and evidence too."""
+    with open(os.path.join(ROOT, "docs", "report.md")) as fh:
+        doc = fh.read()
+    with open(os.path.join(ROOT, "tests", "golden", "study", "report.md")) as fh:
+        golden = fh.read()
+    block = doc.split("An example: the golden *study* trace", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    rows = [line for line in block.splitlines() if line.startswith("|")]
+    finding = " ".join(line.strip() for line in block.splitlines() if line and not line.startswith("|"))
+    assert rows and all(r in golden for r in rows), rows
+    head, evidence = finding.split(" of steps ", 1)
+    assert f"| {head} of steps | {evidence}" in golden, finding
