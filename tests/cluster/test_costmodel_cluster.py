@@ -1,6 +1,14 @@
 """The cost model on real measurements: commprof bench's all_reduce on the
 one-machine cluster (one rank per node, every link shaped to 100 Mbit/s
-with tc), fitted at 2-4 nodes, predicting 8."""
+with tc), fitted at 2-4 nodes, predicting 8.
+
+What is held out is the bandwidth-bound part (256 KiB and more). The small
+sizes are fitted too but not judged: on this harness (3 to 8 ranks on 2
+cores, veth through a bridge) they are not a latency-plus-bandwidth line --
+a 4 KiB all_reduce across 3, 4 or 8 nodes measured slower than a 32 KiB
+one (5.2 vs 3.9 ms at 3 nodes, 21.9 vs 15.2 ms at 8, 2026-12-03) -- so
+which latency form the fit keeps (a ring's per-step latency or none) is
+not a property of the network and is printed, not asserted."""
 import json
 import subprocess
 import sys
@@ -24,7 +32,7 @@ def _bench(make_cluster, n, out, port):
     for node in c.nodes:
         cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(node.index),
                "--nproc-per-node", "1", "--master-addr", c.nodes[0].addr, "--master-port", str(port), WORKER,
-               "--ops", "all_reduce", "--min-bytes", "4096", "--max-bytes", "2097152", "--iters", "4",
+               "--ops", "all_reduce", "--min-bytes", "4096", "--max-bytes", "2097152", "--iters", "10",
                "--warmup", "1", "--out", out]
         procs.append(node.popen(cmd, env=venv_env({"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}), cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -44,14 +52,17 @@ def test_fitted_at_two_to_four_nodes_predicts_eight(make_cluster, tmp_path):
         ms.extend(cm.from_rows(docs[n]["rows"], n, 1))
     model = cm.build(ms, docs[2]["backend"])
     ring = model.fits["ring"]
-    # the network's bandwidth is the link's (12.5 MB/s), and the ring's step latency is resolved, not 0
+    # the network's bandwidth is the link's (12.5 MB/s)
     assert ring.term_values()["inter_bw"] == pytest.approx(12.5e6, rel=0.2)
-    assert ring.status["inter_lat"] == "fitted" and ring.term_values()["inter_lat"] > 0
     errors = {}
     for r in docs[8]["rows"]:
-        t = (r["out_of_place"] or r["in_place"])["median_us"] * 1e-6
+        # the row's time as the fit reads its rows: the faster of out of place and in place
+        t = cm.row_time_us(r) * 1e-6
         e = model.estimate("all_reduce", r["bytes"], 8, 1)
         errors[r["bytes"]] = (e["time_s"] - t) / t * 100
+        print(f"8 nodes {r['bytes']:>8} B: measured {t * 1e6:9.0f} us, model {e['time_s'] * 1e6:9.0f} us")
+    for n in (2, 3, 4):
+        print(f"{n} nodes:", {r["bytes"]: round(cm.row_time_us(r)) for r in docs[n]["rows"]}, "us")
     print("errors at 8 nodes (%):", {k: round(v, 1) for k, v in errors.items()}, model.describe())
     big = [abs(v) for s, v in errors.items() if s >= 256 * 1024]
     assert len(big) >= 3 and np.median(big) <= 15 and max(big) <= 25, errors
