@@ -140,6 +140,8 @@ def test_shared_folder_with_offset_clocks_and_a_wrong_wall_clock(make_cluster, t
     assert clocks.loc["node1", "violations"] == 0
     lo, hi = clocks.loc["node1", ["feasible_lo_ms", "feasible_hi_ms"]]
     assert lo <= clocks.loc["node1", "offset_ms"] <= hi
+    print("node1 clock:", clocks.loc["node1"].to_dict(), "; skew - truth (ms):",
+          [round(s_ - t_, 2) for s_, t_ in pairs])
     rep = t.report()
     assert {"clocks", "nodes", "scope"} <= set(rep.tables)
     scope = rep.tables["scope"].frame
@@ -288,6 +290,7 @@ def test_a_node_slow_in_communication_is_told_from_one_slow_in_compute(make_clus
     assert len(pair) == 2 and len(slowed) == 2 and not pair["slow"].any() and slowed["slow"].all(), links
     # a slowed group's transfers at about a quarter of the others' (the link rates' ratio)
     assert slowed["busbw_GBps"].max() < 0.4 * pair["busbw_GBps"].min(), links
+    print("link slowed:", links[["nodes", "busbw_GBps", "busbw_GBps_p75", "slow"]].to_string())
 
     c.nodes[2].shape(GRID_RATE)
     found, rep = _grid_findings(c, tmp_path / "compute", ["--slow-rank", "2", "--slow-ms", "40"])
