@@ -9,7 +9,7 @@ completion time from a C++ callback on the work's future) and keep the rows
 in a buffer that the journal writer drains at each flush.
 
 The extension is built once per (torch, Python, source) with
-``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~40 s on 2 cores)
+``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~24 s on 2 cores)
 by ``commprof record`` before it starts the job, or by :func:`build`, into
 ``$COMMPROF_NATIVE_DIR`` (default ``~/.cache/commprof/native/<key>``). A
 recorded rank never compiles: it loads the extension if it is there and

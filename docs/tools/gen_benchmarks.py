@@ -30,6 +30,7 @@ WHAT = {
     "lr_study": "the learning-rate scaling study of workloads/lr_study.py",
     "demo": "`make demo`: the README's bottleneck table",
     "bench": "`commprof bench` on this machine's CPU ranks (gloo): the nccl-tests table and the alpha-beta fit",
+    "native_build": "building the native DDP hooks (what `commprof record` does once per torch version)",
     "shaped_links": "the one-machine cluster's shaped links (network namespaces, tc): the bench's fitted bandwidth "
                     "against the link rate, the cost model fitted at 2-4 nodes predicting 8",
 }
@@ -57,6 +58,8 @@ def _script(bench: str) -> str:
             return f"Script: `{folder}/{bench}.py`"
     if bench == "demo":
         return "Command: `make demo` (the exact commands in each file)"
+    if bench == "native_build":
+        return "Command: `commprof.record.native.build()` timed (the exact command in each file)"
     if bench == "shaped_links":
         return "Command: the cluster tests that measure them, with `pytest -s` (the exact command in each file)"
     return "Command: `commprof " + bench + "` (the exact command in each file)"
