@@ -69,3 +69,45 @@ def test_the_report_guides_example_is_the_golden_report():
     assert rows and all(r in golden for r in rows), rows
     head, evidence = finding.split(" of steps ", 1)
     assert f"| {head} of steps | {evidence}" in golden, finding
+
+
+#: a measured figure: a number with a unit of time, size, rate or a ratio
+FIGURE = r"\d[\d,.]*\s?(?:ms|µs|s|%|MB|MiB|GiB|GB/s|MB/s)\b|×\s?\d"
+#: where a section may take its figures from: a result file, a test, a fixture
+SOURCE = r"benchmarks/results/|tests/|results/"
+#: a section whose figures are settings, limits or wording, not measurements, says so
+NOT_MEASURED = "<!-- figures: not measurements"
+
+
+def _guide_sections():
+    import glob
+    import re
+
+    generated = ("benchmarks.md", "cli.md", "changelog.md")
+    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md")]:
+        if os.path.basename(path) in generated:
+            continue
+        with open(path) as fh:
+            text = fh.read()
+        for section in re.split(r"\n(?=#+ )", text):
+            yield os.path.relpath(path, ROOT), section
+
+
+def test_every_section_stating_a_figure_names_where_it_was_measured():
+    """A figure in the README or a guide comes from a result file (command,
+    date and commit inside) or a test named in its section; a section whose
+    numbers are settings, limits or an example's wording says so in an HTML
+    comment. The result files it names exist."""
+    import re
+
+    unbacked, missing = [], []
+    for path, section in _guide_sections():
+        prose = re.sub(r"```.*?```", "", section, flags=re.S)
+        m = re.search(FIGURE, prose)
+        if m and not re.search(SOURCE, section) and NOT_MEASURED not in section:
+            unbacked.append(f"{path} '{section.splitlines()[0]}': ...{prose[max(0, m.start() - 60):m.end()]}")
+        for ref in re.findall(r"benchmarks/results/[\w./-]+\.(?:md|txt)", section):
+            if not os.path.exists(os.path.join(ROOT, ref)):
+                missing.append(f"{path}: {ref}")
+    assert not unbacked, "\n".join(unbacked)
+    assert not missing, "\n".join(missing)
