@@ -4,35 +4,15 @@ events); output: a :class:`Report` that any renderer formats. Both the
 command line (``commprof report``) and the notebook API call this."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
 from ..trace.schema import TraceFormatError
+# Report, Table and ColumnSpec live at the bottom (trace/tables.py) so that renderers import no analyzer;
+# importing them from here keeps working.
+from ..trace.tables import ColumnSpec, Report, Table  # noqa: F401
 from . import evidence, stragglers
-
-#: (column, header, format) — format is a str.format spec or "" for str()
-ColumnSpec = Tuple[str, str, str]
-
-
-@dataclass
-class Table:
-    title: str
-    frame: pd.DataFrame
-    columns: List[ColumnSpec]
-    #: "table", or "list" for long-text tables (one block per row in text output)
-    style: str = "table"
-
-
-@dataclass
-class Report:
-    title: str
-    tables: Dict[str, Table]
-    notes: List[str] = field(default_factory=list)
-    runs: List[dict] = field(default_factory=list)
-    #: renderer-specific data computed by analyzers (e.g. timelines for html)
-    extras: Dict[str, object] = field(default_factory=dict)
 
 
 #: The trace columns the report reads.

@@ -1,4 +1,4 @@
-"""Renderers: a :class:`~commprof.analyzers.report.Report` (named tables +
+"""Renderers: a :class:`~commprof.trace.tables.Report` (named tables +
 notes) to text. They format; they never compute.
 
 Each renderer is a small :class:`Renderer` subclass with a ``name`` (the
@@ -20,7 +20,7 @@ from .markdown import MarkdownRenderer
 from .terminal import TerminalRenderer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..analyzers.report import Report
+    from ..trace.tables import Report
 
 RENDERERS: Dict[str, Type[Renderer]] = {cls.name: cls for cls in
                                         (TerminalRenderer, MarkdownRenderer, CsvRenderer, JsonRenderer,

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, List, Tuple
 from ..trace.values import missing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..analyzers.report import Report, Table
+    from ..trace.tables import Report, Table
 
 
 class Renderer:

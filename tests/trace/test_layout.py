@@ -83,8 +83,8 @@ def test_trace_imports_nothing_else_of_commprof():
                             "commprof.cli", "commprof.assemble")),
     ("commprof.convert", ("commprof.record", "commprof.analyzers", "commprof.render", "commprof.api",
                           "commprof.cli", "commprof.assemble")),
-    ("commprof.render", ("commprof.record", "commprof.convert", "commprof.api", "commprof.cli",
-                         "commprof.assemble")),
+    ("commprof.render", ("commprof.record", "commprof.convert", "commprof.analyzers", "commprof.api",
+                         "commprof.cli", "commprof.assemble")),
     ("commprof.record.instruments", ("commprof.analyzers", "commprof.render", "commprof.convert",
                                      "commprof.api", "commprof.assemble")),
 ])
