@@ -1,4 +1,3 @@
-import json
 import os
 import signal
 import subprocess
@@ -6,9 +5,10 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "tests", "workloads", "tiny.py")
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                os.path.dirname(os.path.abspath(__file__))]
+
+from helpers import ROOT, TINY, commprof_cmd, results, run, run_in_pty, venv_env  # noqa: E402,F401
 
 
 def _patch_points():
@@ -85,41 +85,6 @@ def no_leaks(request):
     after = _patch_points()
     leaked = {k for k in before if before[k] is not after.get(k) and before[k] != after.get(k)}
     assert not leaked, f"patches leaked: {sorted(leaked)}"
-
-
-def venv_env(extra=None):
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.pop("COMMPROF_OUT_DIR", None)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    # a native crash (SIGABRT, SIGSEGV) prints every thread's Python stack
-    env["PYTHONFAULTHANDLER"] = "1"
-    # DeepSpeed JIT-compiles an op on first use: keep it between runs
-    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/commprof/torch_extensions"))
-    if extra:
-        env.update(extra)
-    return env
-
-
-def commprof_cmd(*args):
-    return [sys.executable, "-m", "commprof", *args]
-
-
-def run(cmd, timeout=240, env=None, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=env or venv_env(), cwd=ROOT, **kw)
-
-
-def results(folder):
-    """The tiny workload's per-rank results (``--result-dir``), by rank."""
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        if name.startswith("rank") and name.endswith(".json"):
-            with open(os.path.join(folder, name)) as fh:
-                r = json.load(fh)
-            out[r["rank"]] = r
-    return out
 
 
 def _recorder(folder):
@@ -204,42 +169,3 @@ def local_slurm(tmp_path_factory):
     s.up()
     yield s
     s.down()
-
-
-def run_in_pty(cmd, columns=100, env=None, timeout=240):
-    """Run ``cmd`` with stdout and stderr on a real pseudo-terminal of
-    ``columns`` columns (what a person at a terminal sees); returns
-    (exit code, everything written, ANSI escapes included)."""
-    import fcntl
-    import pty
-    import select
-    import struct
-    import termios
-    import time as _time
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env = dict(env or venv_env())
-    env.pop("COLUMNS", None)
-    env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=env, cwd=ROOT)
-    os.close(slave)
-    out, deadline = b"", _time.monotonic() + timeout
-    try:
-        while _time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if ready:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    break
-                if not data:
-                    break
-                out += data
-            elif proc.poll() is not None:
-                break
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-    return proc.wait(), out.decode("utf-8", "replace")

@@ -7,7 +7,7 @@ import pytest
 
 import commprof
 from commprof.analyzers import buckets as bk
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import tracegen  # noqa: E402

@@ -131,7 +131,7 @@ def test_a_multi_host_run_past_the_call_budget_keeps_a_sample_and_exact_counts(t
 
     import commprof
     from commprof.assemble import merge
-    from conftest import ROOT
+    from helpers import ROOT
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from synth import write

@@ -15,7 +15,7 @@ import pytest
 from commprof.analyzers import collmodel as cm
 from commprof.convert import nccltests as nt
 from commprof.trace.ops import bus_factor
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import netsim  # noqa: E402

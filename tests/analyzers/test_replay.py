@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from commprof.analyzers import replay as rp
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import tracegen  # noqa: E402

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from commprof.analyzers import collmodel as cm
-from conftest import ROOT, venv_env
+from helpers import ROOT, venv_env
 
 pytestmark = pytest.mark.slow
 

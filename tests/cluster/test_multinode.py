@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import commprof
-from conftest import ROOT, commprof_cmd, venv_env
+from helpers import ROOT, commprof_cmd, venv_env
 
 pytestmark = pytest.mark.slow
 
@@ -174,7 +174,7 @@ def test_per_node_folders_are_one_job_and_a_slow_node_is_named(make_cluster, tmp
     slow = finds[finds["finding"].str.startswith("slow node")]
     assert list(slow["finding"]) == ["slow node in compute: node1 (ranks 1)"]
     # the command line reports the two folders as one job too
-    from conftest import run
+    from helpers import run
     proc = run(commprof_cmd("report", *outs_dirs))
     assert proc.returncode == 0, proc.stderr
     assert "slow node in compute: node1" in proc.stdout

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from commprof.analyzers.report import pairs_report
-from conftest import ROOT, venv_env
+from helpers import ROOT, venv_env
 
 pytestmark = pytest.mark.slow
 

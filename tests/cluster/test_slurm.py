@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import commprof
-from conftest import ROOT, commprof_cmd, run, venv_env
+from helpers import ROOT, commprof_cmd, run, venv_env
 
 pytestmark = pytest.mark.slow
 

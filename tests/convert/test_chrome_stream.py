@@ -12,7 +12,7 @@ import pytest
 
 from commprof.api import load
 from commprof.convert import chrome
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from synth import write  # noqa: E402

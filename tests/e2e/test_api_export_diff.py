@@ -106,7 +106,7 @@ def test_one_gpu_baseline_joins_the_ddp_configuration(tmp_path):
     ranks (torchrun, DDP) is one configuration with a 1 -> 2 row, speedup
     and efficiency; grouped by hand, the user's grouping wins."""
     import commprof
-    from conftest import TINY, commprof_cmd, run
+    from helpers import TINY, commprof_cmd, run
 
     outs = []
     for k, extra in enumerate(([], ["--nproc", "2"])):

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from commprof.convert.nccltests import bandwidths, bus_factor
-from conftest import commprof_cmd, run
+from helpers import commprof_cmd, run
 
 pytestmark = pytest.mark.slow  # launches torchrun
 
@@ -102,7 +102,7 @@ def test_bench_trace_is_reported_and_modelled_like_any_run(tmp_path):
 
 
 def test_model_of_a_training_run_and_mixing_is_refused(tmp_path):
-    from conftest import TINY
+    from helpers import TINY
 
     out = str(tmp_path / "rec")
     # small buckets: DDP's all_reduces come in several sizes

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, venv_env
+from helpers import ROOT, venv_env
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import tracegen  # noqa: E402

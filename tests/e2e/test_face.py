@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, commprof_cmd, run, run_in_pty, venv_env
+from helpers import ROOT, commprof_cmd, run, run_in_pty, venv_env
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import tracegen  # noqa: E402

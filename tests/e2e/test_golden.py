@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
 import make_golden  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, commprof_cmd, run, venv_env
+from helpers import ROOT, commprof_cmd, run, venv_env
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import check_html_render as chk  # noqa: E402

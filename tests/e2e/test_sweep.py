@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import commprof
-from conftest import ROOT, commprof_cmd, run, venv_env
+from helpers import ROOT, commprof_cmd, run, venv_env
 
 PY = sys.executable
 TINY = os.path.join(ROOT, "tests", "workloads", "tiny.py")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run, venv_env
+from helpers import ROOT, run, venv_env
 
 sys.path.insert(0, os.path.join(ROOT, "workloads"))
 from make_dataset import make  # noqa: E402

@@ -7,7 +7,7 @@ from commprof.record import ranks
 from commprof.record.bootstrap import write_bootstrap
 from commprof.record.config import CONFIG_FILE, Config
 from commprof.record.launcher import child_env, detect_launcher, with_nproc
-from conftest import ROOT, venv_env
+from helpers import ROOT, venv_env
 
 
 def test_config_roundtrips_through_env_and_file(tmp_path):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from commprof import assemble
-from conftest import ROOT, TINY, commprof_cmd, run, venv_env
+from helpers import ROOT, TINY, commprof_cmd, run, venv_env
 
 pytestmark = pytest.mark.slow  # launches training processes
 

@@ -15,7 +15,7 @@ from commprof.record import device, session, telemetry
 from commprof.record.config import Config
 from commprof.record.device import DeviceTimer, SimulatedEvents, float32_ms
 from commprof.trace.schema import Event
-from conftest import TINY
+from helpers import TINY
 
 HOUR = 3600 * 10**9
 

@@ -6,7 +6,7 @@ a run (the two cores shared with the launcher and the recorder's threads;
 measured over 10 runs of 21 steps at a 30 ms sleep): below the 2 % effect
 floor at 60 ms. Two equal ranks are not told apart; a rank that sleeps
 5 ms (8 %) longer per step is named, in data, and rank 0 is not."""
-from conftest import TINY
+from helpers import TINY
 
 
 def _named(record, *extra):

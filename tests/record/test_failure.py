@@ -12,7 +12,7 @@ import pytest
 import commprof
 from commprof import assemble
 from commprof.trace import ring
-from conftest import ROOT, commprof_cmd, run, venv_env
+from helpers import ROOT, commprof_cmd, run, venv_env
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import pytest
 
 from commprof import assemble
 from commprof.api import analyze
-from conftest import TINY
+from helpers import TINY
 
 pytestmark = pytest.mark.slow  # launches training processes
 
@@ -39,7 +39,7 @@ def test_data_share_within_one_point(record):
 def _plain(cmd, tmp_path, name):
     import subprocess
 
-    from conftest import ROOT, results, venv_env
+    from helpers import ROOT, results, venv_env
 
     res = tmp_path / name
     res.mkdir()

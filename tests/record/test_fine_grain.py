@@ -10,7 +10,7 @@ import pytest
 
 import commprof
 from commprof.cli import main
-from conftest import ROOT
+from helpers import ROOT
 
 pytestmark = pytest.mark.slow
 

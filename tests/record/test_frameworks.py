@@ -23,7 +23,7 @@ from commprof import assemble
 from commprof.record import session
 from commprof.cli import main
 from commprof.record.config import Config
-from conftest import ROOT, TINY
+from helpers import ROOT, TINY
 
 PY = sys.executable
 WL = os.path.join(ROOT, "tests", "workloads")

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from commprof import assemble
-from conftest import TINY
+from helpers import TINY
 
 pytestmark = pytest.mark.slow  # launches training processes
 

@@ -10,7 +10,7 @@ import pytest
 
 import commprof
 from commprof import assemble
-from conftest import ROOT, TINY, commprof_cmd, run, venv_env
+from helpers import ROOT, TINY, commprof_cmd, run, venv_env
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 from commprof import assemble
 from commprof.record import native, session
 from commprof.record.config import Config
-from conftest import TINY
+from helpers import TINY
 
 COLS = ["step", "name", "source", "detail", "bytes", "dtype", "group", "group_size", "seq", "blocking"]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 PKG = os.path.join(ROOT, "commprof")
 ANALYZERS = os.path.join(ROOT, "analyzers")
