@@ -8,7 +8,7 @@ import pytest
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                 os.path.dirname(os.path.abspath(__file__))]
 
-from helpers import ROOT, TINY, commprof_cmd, results, run, run_in_pty, venv_env  # noqa: E402,F401
+from helpers import ROOT, commprof_cmd, results, run  # noqa: E402
 
 
 def _patch_points():

@@ -52,17 +52,19 @@ def results():
     return out
 
 
+#: benchmark -> what runs it, where that is not a script of benchmarks/ or workloads/ nor `commprof <benchmark>`
+COMMAND = {
+    "demo": "`make demo` (the exact commands in each file)",
+    "native_build": "`commprof.record.native.build()` timed (the exact command in each file)",
+    "shaped_links": "the cluster tests that measure them, with `pytest -s` (the exact command in each file)",
+}
+
+
 def _script(bench: str) -> str:
     for folder in ("benchmarks", "workloads"):
         if os.path.exists(os.path.join(ROOT, folder, bench + ".py")):
             return f"Script: `{folder}/{bench}.py`"
-    if bench == "demo":
-        return "Command: `make demo` (the exact commands in each file)"
-    if bench == "native_build":
-        return "Command: `commprof.record.native.build()` timed (the exact command in each file)"
-    if bench == "shaped_links":
-        return "Command: the cluster tests that measure them, with `pytest -s` (the exact command in each file)"
-    return "Command: `commprof " + bench + "` (the exact command in each file)"
+    return "Command: " + COMMAND.get(bench, f"`commprof {bench}` (the exact command in each file)")
 
 
 def _commit_time(commit: str) -> int:
