@@ -125,6 +125,44 @@ _INST_FIELDS = ("key", "op", "min_start", "max_start", "sum_end", "n", "bytes", 
 _SEQ_BITS = 40
 
 
+def _same_keys(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> bool:
+    return len(a["key"]) == len(b["key"]) and bool(np.array_equal(a["key"], b["key"]))
+
+
+def _merge_instances(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """:func:`_reduce_instances` of ``a`` then ``b`` (two partials, each
+    sorted with unique keys) when both hold the same keys (every rank in
+    every instance): element by element, the later row winning ties as
+    there, no sort."""
+    if not _same_keys(a, b):
+        return _reduce_instances({f: np.concatenate([a[f], b[f]]) for f in _INST_FIELDS})
+    top = np.maximum(a["max_start"], b["max_start"])
+    top_b, low_b = np.fmax(a["bytes"], b["bytes"]), np.fmin(a["min_bytes"], b["min_bytes"])
+
+    def holder(va, vb, best, ra, rb, none):
+        """The rank of the last row holding ``best`` (``none`` when neither does)."""
+        return np.where(vb == best, rb, np.where(va == best, ra, none))
+
+    out = {"key": a["key"], "op": np.minimum(a["op"], b["op"]), "min_start": np.minimum(a["min_start"], b["min_start"]),
+           "max_start": top, "sum_end": a["sum_end"] + b["sum_end"], "n": a["n"] + b["n"], "bytes": top_b,
+           "last_rank": holder(a["max_start"], b["max_start"], top, a["last_rank"], b["last_rank"], a["last_rank"]),
+           "op_max": np.maximum(a["op_max"], b["op_max"]), "min_bytes": low_b,
+           # neither holds a NaN extreme: the first row's rank, as the sorted reduction gives
+           "min_bytes_rank": holder(a["min_bytes"], b["min_bytes"], low_b, a["min_bytes_rank"],
+                                    b["min_bytes_rank"], a["min_bytes_rank"][0]),
+           "max_bytes_rank": holder(a["bytes"], b["bytes"], top_b, a["max_bytes_rank"], b["max_bytes_rank"],
+                                    a["max_bytes_rank"][0]),
+           "gsize": np.fmax(a["gsize"], b["gsize"])}
+    for f in ("src", "dt"):
+        lo, hi = np.minimum(a[f + "_min"], b[f + "_min"]), np.maximum(a[f + "_max"], b[f + "_max"])
+        out[f + "_min"], out[f + "_max"] = lo, hi
+        out[f + "_min_rank"] = holder(a[f + "_min"], b[f + "_min"], lo, a[f + "_min_rank"], b[f + "_min_rank"],
+                                      a[f + "_min_rank"])
+        out[f + "_max_rank"] = holder(a[f + "_max"], b[f + "_max"], hi, a[f + "_max_rank"], b[f + "_max_rank"],
+                                      a[f + "_max_rank"])
+    return out
+
+
 def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Combine partial per-instance aggregates that share a key: earliest
     issue, latest issue (and the rank that issued it), summed completions,
@@ -187,6 +225,142 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     }
 
 
+def _per_rank(rank: np.ndarray, values: Dict[int, int], default: int = 0) -> np.ndarray:
+    """``values[rank]`` (``default`` where absent) for each element of ``rank``."""
+    ur, inv = np.unique(rank, return_inverse=True)
+    return np.array([values.get(int(r), default) for r in ur], np.int64)[inv]
+
+
+def _reduce_arrivals(key, rank, ts, te_rel, n, lows=None) -> Dict[str, np.ndarray]:
+    """Per distinct key: earliest issue (of ``lows``, default ``ts``) and
+    latest issue, the latest issuer (the last row holding the latest issue,
+    as :func:`_reduce_instances`), summed completions and count."""
+    if lows is None and (len(key) == 0 or bool(np.all(key[1:] > key[:-1]))):     # one row per key, in order
+        return {"key": key, "min_start": ts, "max_start": ts, "last_rank": rank, "sum_end": te_rel, "n": n}
+    order = np.argsort(key, kind="stable")
+    key, ts = key[order], ts[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    top = np.maximum.reduceat(ts, first)
+    inst = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(key)]))
+    hit = np.flatnonzero(ts == top[inst])
+    at = np.zeros(len(first), np.int64)
+    at[inst[hit]] = hit
+    low = ts if lows is None else lows[order]
+    return {"key": key[first], "min_start": np.minimum.reduceat(low, first), "max_start": top,
+            "last_rank": rank[order][at], "sum_end": np.add.reduceat(te_rel[order], first),
+            "n": np.add.reduceat(n[order], first)}
+
+
+def _merge_arrivals(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """:func:`_reduce_arrivals` of the partials ``a`` then ``b`` (each
+    sorted with unique keys); element by element when their keys agree."""
+    if not _same_keys(a, b):
+        c = {f: np.concatenate([a[f], b[f]]) for f in Arrivals.FIELDS}
+        return _reduce_arrivals(c["key"], c["last_rank"], c["max_start"], c["sum_end"], c["n"], lows=c["min_start"])
+    top = np.maximum(a["max_start"], b["max_start"])
+    return {"key": a["key"], "min_start": np.minimum(a["min_start"], b["min_start"]), "max_start": top,
+            "last_rank": np.where(b["max_start"] == top, b["last_rank"], a["last_rank"]),
+            "sum_end": a["sum_end"] + b["sum_end"], "n": a["n"] + b["n"]}
+
+
+class Arrivals:
+    """Issue and completion times of collective instances per (instance,
+    clock domain), on each host's own clock, until the clocks are aligned.
+
+    Within one clock domain every rank gets the same offset, so the
+    earliest / latest issue per (instance, domain) shifted by the domain's
+    offset and reduced over domains is exactly the earliest / latest issue
+    on aligned clocks; completions are summed relative to the first issue
+    seen (integers: exact in float64 below 2**53 ns). Memory: one row per
+    instance and domain (a host's ranks fold into one row, whichever
+    chunks they come in)."""
+
+    FIELDS = ("key", "min_start", "max_start", "last_rank", "sum_end", "n")
+
+    def __init__(self, domain: Dict[int, int]):
+        self.domain = domain
+        self.n_dom = max(domain.values(), default=-1) + 1    # the code of ranks of no known domain
+        self.acc: Dict[int, Dict[str, np.ndarray]] = {}
+        self.pending: Dict[int, List[Dict[str, np.ndarray]]] = {}
+        self.rows = 0
+        self.t_raw: Optional[int] = None
+        self.first_rank = np.zeros(0, np.int64)
+        self.first_ts = np.zeros(0, np.int64)
+
+    def first(self, rank: np.ndarray, ts: np.ndarray) -> None:
+        """The first chunk's issues (each rank's earliest): the reference of
+        the summed times."""
+        self.t_raw = int(ts.min())
+        self.first_rank, inv = np.unique(rank, return_inverse=True)
+        self.first_ts = np.full(len(self.first_rank), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(self.first_ts, inv, ts)
+
+    def add(self, key: np.ndarray, rank: np.ndarray, ts: np.ndarray, te: np.ndarray) -> None:
+        if self.t_raw is None:
+            self.first(rank, ts)
+        dom = _per_rank(rank, self.domain, self.n_dom)
+        te_rel = (te - self.t_raw).astype(np.float64)
+        ones = np.ones(len(key), np.int32)
+        doms = np.unique(dom)
+        for d in doms.tolist():
+            sel = np.flatnonzero(dom == d) if len(doms) > 1 else slice(None)
+            part = _reduce_arrivals(key[sel], rank[sel].astype(np.int32), ts[sel], te_rel[sel], ones[sel])
+            self._put(d, part)
+
+    def _put(self, d: int, part: Dict[str, np.ndarray]) -> None:
+        pend = self.pending.setdefault(d, [])
+        pend.append(part)
+        self.rows += len(part["key"])
+        have = len(self.acc[d]["key"]) if d in self.acc else 0
+        if sum(len(p["key"]) for p in pend) > max(have, 1 << 18):
+            self._combine(d)
+
+    def _combine(self, d: int) -> None:
+        parts = ([self.acc[d]] if d in self.acc else []) + self.pending.pop(d, [])
+        if not parts:
+            return
+        before = sum(len(p["key"]) for p in parts)
+        merged = parts[0]
+        for p in parts[1:]:
+            merged = _merge_arrivals(merged, p)
+        self.acc[d] = merged
+        self.rows += len(merged["key"]) - before
+
+    def compact(self) -> int:
+        """Combine every domain's pending rows; the rows kept."""
+        for d in list(self.pending):
+            self._combine(d)
+        return self.rows
+
+    def first_issue(self, offsets: Dict[int, int]) -> int:
+        """The first chunk's earliest issue on aligned clocks."""
+        return int((self.first_ts + _per_rank(self.first_rank, offsets)).min())
+
+    def finish(self, offsets: Dict[int, int], t_raw: int, t_ref: int) -> Dict[str, np.ndarray]:
+        """Per instance, on clocks shifted by ``offsets``, completions summed
+        relative to ``t_ref``."""
+        by_dom: Dict[int, int] = {}
+        for r, d in self.domain.items():
+            by_dom.setdefault(d, offsets.get(r, 0))
+        self.compact()
+        low: Dict[int, int] = {}
+        for r, d in self.domain.items():
+            low[d] = min(low.get(d, r), r)
+        out: Optional[Dict[str, np.ndarray]] = None
+        # domain by domain in rank order (as the chunks came), each freed once folded
+        for d in sorted(self.acc, key=lambda d: (low.get(d, 1 << 62), d)):
+            a = self.acc.pop(d)
+            off = by_dom.get(d, 0)
+            a = {"key": a["key"], "min_start": a["min_start"] + off, "max_start": a["max_start"] + off,
+                 "last_rank": a["last_rank"], "n": a["n"],
+                 "sum_end": a["sum_end"] + a["n"] * float(off + t_raw - t_ref)}
+            out = a if out is None else _merge_arrivals(out, a)
+        self.rows = 0
+        assert out is not None
+        out["last_rank"] = out["last_rank"].astype(np.int64)
+        return out
+
+
 class CollectiveStats:
     """Accumulates collectives chunk by chunk (each chunk holds whole ranks).
 
@@ -204,6 +378,7 @@ class CollectiveStats:
         self._rank_sums: Dict[tuple, list] = {}
         self._inst_cache: Optional[pd.DataFrame] = None
         self._t_ref: Optional[int] = None
+        self._arrivals: Optional[Arrivals] = None
 
     def _ids(self, kind: str, values) -> np.ndarray:
         table = self._names[kind]
@@ -259,31 +434,68 @@ class CollectiveStats:
         """Fold the per-instance aggregates (group, seq) on clocks shifted by
         ``offsets`` (rank -> ns)."""
         comm = _table(comm)
-        n = comm.num_rows
-        if n == 0:
+        if comm.num_rows == 0 or "seq" not in comm.column_names or "group" not in comm.column_names:
             return
-        if "seq" in comm.column_names and "group" in comm.column_names:
-            op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = self._times(comm)
-            rank = _num(comm, "rank", np.int64, 0)
-            if offsets:
-                ur, inv = np.unique(rank, return_inverse=True)
-                off = np.array([offsets.get(int(r), 0) for r in ur], np.int64)[inv]
-            else:
-                off = np.zeros(1, np.int64)
-            g_codes, groups = _codes(comm.column("group"))
-            gid = self._ids("group", groups)[g_codes]
-            oid = self._ids("op", ops)[op_codes]
-            sid = self._ids("source", srcs)[src_codes]
-            if "dtype" in comm.column_names:
-                dt_codes, dts = _codes(comm.column("dtype"))
-                did = self._ids("dtype", dts)[dt_codes]
-            else:
-                did = np.full(n, -1, np.int64)
-            seq = _num(comm, "seq", np.int64, -1)
-            ok = (seq >= 0) & (seq < (1 << _SEQ_BITS)) & (gid >= 0)
-            if ok.any():
-                self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], (t0 + off)[ok], (t1 + off)[ok],
-                                    nbytes[ok], gsize[ok], sid[ok], did[ok])
+        op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = self._times(comm)
+        rank = _num(comm, "rank", np.int64, 0)
+        off = _per_rank(rank, offsets) if offsets else np.zeros(1, np.int64)
+        g_codes, groups = _codes(comm.column("group"))
+        gid = self._ids("group", groups)[g_codes]
+        oid = self._ids("op", ops)[op_codes]
+        sid = self._ids("source", srcs)[src_codes]
+        if "dtype" in comm.column_names:
+            dt_codes, dts = _codes(comm.column("dtype"))
+            did = self._ids("dtype", dts)[dt_codes]
+        else:
+            did = np.full(comm.num_rows, -1, np.int64)
+        seq = _num(comm, "seq", np.int64, -1)
+        ok = (seq >= 0) & (seq < (1 << _SEQ_BITS)) & (gid >= 0)
+        if not ok.any():
+            return
+        if self._arrivals is not None:      # clocks not aligned yet: arrivals kept per host
+            self._arrivals.add(((gid << _SEQ_BITS) | seq)[ok], rank[ok], t0[ok], t1[ok])
+        self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], (t0 + off)[ok], (t1 + off)[ok],
+                            nbytes[ok], gsize[ok], sid[ok], did[ok])
+
+    def defer_alignment(self, domain: Dict[int, int]) -> None:
+        """Fold instances before the clocks are aligned (``domain``: rank ->
+        clock-domain code): every field that does not depend on the clocks
+        as usual, and the arrivals (earliest / latest issue, the latest
+        issuer, summed completions) per instance and clock domain, so that
+        :meth:`align` gives exactly what folding on aligned clocks gives."""
+        self._arrivals = Arrivals(domain)
+
+    def arrival_rows(self, compact: bool = False) -> int:
+        """Rows kept per (instance, clock domain) until :meth:`align`
+        (``compact``: after combining the pending ones)."""
+        if self._arrivals is None:
+            return 0
+        return self._arrivals.compact() if compact else self._arrivals.rows
+
+    def align(self, offsets: Dict[int, int]) -> None:
+        """Shift the deferred arrivals by ``offsets`` (rank -> ns, one value
+        per clock domain) and complete the per-instance aggregates."""
+        arr, self._arrivals = self._arrivals, None
+        if arr is None or self._t_ref is None:
+            return
+        self._combine()
+        t_raw = self._t_ref
+        t_ref = arr.first_issue(offsets)
+        got = arr.finish(offsets, t_raw, t_ref)
+        a = self._acc
+        assert a is not None and np.array_equal(got["key"], a["key"]), "arrivals and instances disagree"
+        for f in ("min_start", "max_start", "last_rank", "sum_end"):
+            a[f] = got[f]
+        shift = {r: offsets.get(r, 0) + t_raw - t_ref for r in {k[0] for k in self._rank_sums}}
+        for (r, _g), acc in self._rank_sums.items():
+            acc[0] += acc[1] * float(shift[r])
+        self._t_ref = t_ref
+        self._inst_cache = None
+
+    def drop_instances(self) -> None:
+        """Forget the per-instance aggregates (kept: the per-call sketches)."""
+        self._acc, self._pending, self._pending_rows = None, [], 0
+        self._rank_sums, self._inst_cache, self._t_ref, self._arrivals = {}, None, None, None
 
     def add_calls(self, c: pd.DataFrame) -> None:
         """Fold a per_call frame into the per (op, source, size bucket) sketches."""
@@ -319,7 +531,7 @@ class CollectiveStats:
         self._pending.append(part)
         self._pending_rows += len(part["key"])
         acc_rows = len(self._acc["key"]) if self._acc is not None else 0
-        if self._pending_rows > max(acc_rows, 1 << 20):
+        if self._pending_rows > max(acc_rows, 1 << 18):
             self._combine()
         # per (rank, group): summed issue times and calls, for mean lateness
         rk = (rank << 20) | gid
@@ -334,7 +546,12 @@ class CollectiveStats:
     def _combine(self) -> None:
         parts = self._pending + ([self._acc] if self._acc is not None else [])
         self._pending, self._pending_rows = [], 0
-        if parts:
+        if parts and all(_same_keys(parts[0], p) for p in parts[1:]):
+            merged = parts[0]           # every rank in every instance: element by element
+            for p in parts[1:]:
+                merged = _merge_instances(merged, p)
+            self._acc = merged
+        elif parts:
             self._acc = _reduce_instances({f: np.concatenate([p[f] for p in parts]) for f in _INST_FIELDS})
 
     @property

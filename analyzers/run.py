@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import breakdown, buckets, clocks, kernels, nodes, slowlinks
-from .collectives import CollectiveStats
+from .collectives import CollectiveStats, _codes as _dict_codes
 from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline
 from ..trace.metadata import batch_size as infer_batch_size
@@ -230,25 +230,40 @@ class Frames:
         return out
 
 
+#: rows per (collective instance, clock domain) a run on several hosts keeps
+#: until its clocks are aligned (~40 B each); past it, with a way to read the
+#: trace again, the instances are folded in a second pass
+MAX_ARRIVAL_ROWS = 16_000_000
+
+
 class Collectives:
     """Collective statistics fed chunk by chunk.
 
     One host: folded as they come (memory bounded by a chunk). Several
-    hosts: the per-call sketches as they come (they need no offsets) and a
-    bounded sample of the calls for the clock alignment (:class:`CallSample`);
-    the per-instance aggregates need the aligned clocks: with ``reread``
-    (a function giving the trace's chunks again) they are folded in a
-    second pass once the offsets are known, memory bounded by a chunk;
-    without it every chunk's collectives are kept until then."""
+    hosts: as they come, everything that needs no clock offsets (the
+    per-call sketches, a bounded sample of the calls for the clock
+    alignment (:class:`CallSample`), exact call counts, the per-instance
+    aggregates) and each instance's arrivals per clock domain
+    (:class:`~.collectives.Arrivals`), shifted once the offsets are known:
+    one pass over the trace. A run whose arrivals outgrow
+    ``MAX_ARRIVAL_ROWS`` (many hosts, few ranks on each) drops its
+    instances and, with ``reread`` (a function giving the trace's chunks
+    again), folds them in a second pass on aligned clocks, memory bounded
+    by a chunk."""
 
-    def __init__(self, multi_host: bool, reread: Optional[Callable[[], Iterable[pa.Table]]] = None):
+    def __init__(self, multi_host: bool, domain: Optional[Dict[int, int]] = None,
+                 reread: Optional[Callable[[], Iterable[pa.Table]]] = None):
         self.stats = CollectiveStats()
         self.multi_host = multi_host
         self.reread = reread if multi_host else None
+        self.deferred = multi_host and domain is not None
+        if self.deferred and domain is not None:
+            self.stats.defer_alignment(domain)
         self.kept: List[pa.Table] = []
         self.spans: List[pd.DataFrame] = []
-        self.sample = CallSample(clocks.MAX_ALIGN_CALLS if self.reread is not None else None)
+        self.sample = CallSample(clocks.MAX_ALIGN_CALLS if self.reread is not None or self.deferred else None)
         self.calls = CallCounts()
+        self.passes = 1
 
     def add(self, comm: Optional[pa.Table], span: Optional[pd.DataFrame] = None) -> None:
         if span is not None and self.reread is not None:
@@ -260,7 +275,14 @@ class Collectives:
             return
         self.stats.add_calls_of(comm)
         self.sample.add(comm)
-        if self.reread is None:
+        if self.deferred:
+            self.stats.add_instances_of(comm)
+            self.calls.add(comm)
+            if self.reread is not None and self.stats.arrival_rows() > MAX_ARRIVAL_ROWS \
+                    and self.stats.arrival_rows(compact=True) > MAX_ARRIVAL_ROWS:
+                self.stats.drop_instances()
+                self.calls, self.deferred = CallCounts(), False
+        elif self.reread is None:
             self.kept.append(comm)
 
     def aligned_frame(self) -> Optional[pd.DataFrame]:
@@ -270,7 +292,10 @@ class Collectives:
         return self.sample.frame() if self.multi_host else None
 
     def finish(self, offsets: Dict[int, int]) -> CollectiveStats:
-        if self.reread is not None:
+        if self.deferred:
+            self.stats.align(offsets)
+        elif self.reread is not None:
+            self.passes = 2
             span = pd.concat(self.spans) if self.spans else pd.DataFrame(columns=["min", "max"])
             span = span[~span.index.duplicated()].sort_index()
             for chunk in self.reread():
@@ -332,20 +357,28 @@ class CallCounts:
     """Exact calls and bytes per (op, group), for tables read from a sample."""
 
     def __init__(self):
-        self.parts: List[pd.DataFrame] = []
+        self.sums: Dict[Tuple[str, str], List[float]] = {}
 
     def add(self, comm: pa.Table) -> None:
-        f = comm.select(["name", "group", "bytes"]).to_pandas()
-        self.parts.append(f.groupby(["name", "group"], observed=True, dropna=False)["bytes"]
-                          .agg(["size", "sum", "count"]).reset_index())
+        op, ops = _dict_codes(comm.column("name"))
+        grp, groups = _dict_codes(comm.column("group"))
+        nbytes = comm.column("bytes").to_numpy(zero_copy_only=False).astype(np.float64)
+        known = ~np.isnan(nbytes)
+        width = len(groups) + 1
+        key, inv = np.unique((op + 1) * width + grp + 1, return_inverse=True)
+        calls = np.bincount(inv, minlength=len(key))
+        b_sum = np.bincount(inv, weights=np.where(known, nbytes, 0.0), minlength=len(key))
+        b_n = np.bincount(inv, weights=known, minlength=len(key))
+        names, gnames = ["nan"] + list(ops), ["nan"] + list(groups)       # a null as pandas prints it
+        for k, c, s_, n in zip(key.tolist(), calls.tolist(), b_sum.tolist(), b_n.tolist()):
+            acc = self.sums.setdefault((names[k // width], gnames[k % width]), [0, 0.0, 0])
+            acc[0] += c
+            acc[1] += s_
+            acc[2] += int(n)
 
     def frame(self) -> pd.DataFrame:
-        if not self.parts:
-            return pd.DataFrame(columns=["op", "group", "calls", "bytes_sum", "bytes_n"])
-        f = pd.concat(self.parts, ignore_index=True)
-        f = f.assign(name=f["name"].astype(str), group=f["group"].astype(str))
-        g = f.groupby(["name", "group"], dropna=False)[["size", "sum", "count"]].sum().reset_index()
-        return g.rename(columns={"name": "op", "size": "calls", "sum": "bytes_sum", "count": "bytes_n"})
+        rows = [(op, g, *v) for (op, g), v in sorted(self.sums.items())]
+        return pd.DataFrame(rows, columns=["op", "group", "calls", "bytes_sum", "bytes_n"])
 
 
 class FineGrain:
@@ -410,6 +443,7 @@ def _small_window(chunk, steps: pd.DataFrame) -> pd.DataFrame:
 @dataclass
 class _Accumulators:
     multi_host: bool
+    domain: Optional[Dict[int, int]] = None
     reread: Optional[Callable[[], Iterable[pa.Table]]] = None
     steps: Frames = field(default_factory=lambda: Frames(
         [c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")]))
@@ -422,7 +456,7 @@ class _Accumulators:
     timeline: Timeline = field(init=False)
 
     def __post_init__(self):
-        self.colls = Collectives(self.multi_host, self.reread)
+        self.colls = Collectives(self.multi_host, self.domain, self.reread)
         self.timeline = Timeline(self.multi_host)
 
     def add(self, chunk: pa.Table, rows: ChunkRows) -> None:
@@ -530,10 +564,12 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     COMM_COLUMNS, step and category): a run on several hosts then keeps a
     bounded sample of its collectives, not all of them, until its clocks
     are aligned."""
-    hosts = {r: d[0] for r, d in clocks.domains(rank_metas).items()}
-    multi_host = len(set(clocks.domains(rank_metas).values())) > 1
+    dom = clocks.domains(rank_metas)
+    hosts = {r: d[0] for r, d in dom.items()}
+    multi_host = len(set(dom.values())) > 1
     several = len(set(hosts.values())) > 1
-    acc = _Accumulators(multi_host, reread)
+    code = {d: i for i, d in enumerate(sorted(set(dom.values())))}
+    acc = _Accumulators(multi_host, {r: code[d] for r, d in dom.items()}, reread)
     clock = _Clock()
     _read_and_sweep(chunks, lambda chunk: sweep(chunk, warmup, multi_host), acc, clock)
     # the hosts' clocks are aligned from all ranks' collectives before the
@@ -555,7 +591,8 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         scope = nodes.with_counts(scope, counts, hosts, cframe)
         links = slowlinks.with_counts(links, counts)
     if multi_host:
-        clock.since("collectives folded; scope and link tables", t0)
+        clock.since("collectives folded; scope and link tables"
+                    + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
     steps = acc.steps.finish()
     meta = _run_meta(meta, rank_metas, steps, batch_size)
     fine_phases, fine_grads = acc.fine.finish(offsets)
