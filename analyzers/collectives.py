@@ -283,6 +283,7 @@ class Arrivals:
         self.acc: Dict[int, Dict[str, np.ndarray]] = {}
         self.pending: Dict[int, List[Dict[str, np.ndarray]]] = {}
         self.rows = 0
+        self.keys: Optional[np.ndarray] = None
         self.t_raw: Optional[int] = None
         self.first_rank = np.zeros(0, np.int64)
         self.first_ts = np.zeros(0, np.int64)
@@ -323,6 +324,11 @@ class Arrivals:
         merged = parts[0]
         for p in parts[1:]:
             merged = _merge_arrivals(merged, p)
+        # the domains of a run mostly hold the same instances: their keys kept once
+        if self.keys is not None and _same_keys(merged, {"key": self.keys}):
+            merged["key"] = self.keys
+        elif self.keys is None:
+            self.keys = merged["key"]
         self.acc[d] = merged
         self.rows += len(merged["key"]) - before
 
