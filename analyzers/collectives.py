@@ -125,15 +125,30 @@ _INST_FIELDS = ("key", "op", "min_start", "max_start", "sum_end", "n", "bytes", 
 _SEQ_BITS = 40
 
 
+def _latest_issuer(inst: np.ndarray, n_inst: int, hit: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per instance, the highest rank among the rows ``hit`` (those holding
+    the latest issue): ties of the latest issue resolved the same way
+    whatever order the rows came in."""
+    out = np.full(n_inst, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(out, inst[hit], rank[hit].astype(np.int64))
+    return out
+
+
 def _same_keys(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> bool:
     return len(a["key"]) == len(b["key"]) and bool(np.array_equal(a["key"], b["key"]))
+
+
+def _later_issuer(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> np.ndarray:
+    """Per key, the latest issuer of two partials (the higher rank on a tie)."""
+    return np.where(b["max_start"] > a["max_start"], b["last_rank"],
+                    np.where(a["max_start"] > b["max_start"], a["last_rank"],
+                             np.maximum(a["last_rank"], b["last_rank"])))
 
 
 def _merge_instances(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """:func:`_reduce_instances` of ``a`` then ``b`` (two partials, each
     sorted with unique keys) when both hold the same keys (every rank in
-    every instance): element by element, the later row winning ties as
-    there, no sort."""
+    every instance): element by element, ties resolved as there, no sort."""
     if not _same_keys(a, b):
         return _reduce_instances({f: np.concatenate([a[f], b[f]]) for f in _INST_FIELDS})
     top = np.maximum(a["max_start"], b["max_start"])
@@ -145,7 +160,7 @@ def _merge_instances(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict
 
     out = {"key": a["key"], "op": np.minimum(a["op"], b["op"]), "min_start": np.minimum(a["min_start"], b["min_start"]),
            "max_start": top, "sum_end": a["sum_end"] + b["sum_end"], "n": a["n"] + b["n"], "bytes": top_b,
-           "last_rank": holder(a["max_start"], b["max_start"], top, a["last_rank"], b["last_rank"], a["last_rank"]),
+           "last_rank": _later_issuer(a, b),
            "op_max": np.maximum(a["op_max"], b["op_max"]), "min_bytes": low_b,
            # neither holds a NaN extreme: the first row's rank, as the sorted reduction gives
            "min_bytes_rank": holder(a["min_bytes"], b["min_bytes"], low_b, a["min_bytes_rank"],
@@ -177,11 +192,9 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     top = np.maximum.reduceat(mx, first)
     sizes = np.diff(np.r_[first, len(key)])
     inst = np.repeat(np.arange(len(first)), sizes)   # instance of each sorted row
-    # the latest issuer: last row of each instance that holds its maximum
+    # the latest issuer: of the rows holding the instance's latest issue, the highest rank
     hit = np.flatnonzero(mx == top[inst])
-    which = inst[hit]
-    at = np.zeros(len(first), np.int64)
-    at[which] = hit                               # later hits overwrite earlier ones
+    last_rank = _latest_issuer(inst, len(first), hit, a["last_rank"][order])
     # ranks holding the smallest / largest message (mismatch diagnosis)
     by = a["bytes"][order]
     mnb = a["min_bytes"][order]
@@ -215,7 +228,7 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         "sum_end": np.add.reduceat(a["sum_end"][order], first),
         "n": np.add.reduceat(a["n"][order], first),
         "bytes": top_b,
-        "last_rank": a["last_rank"][order[at]],
+        "last_rank": last_rank,
         "op_max": np.maximum.reduceat(a["op_max"][order], first),
         "min_bytes": low_b,
         "min_bytes_rank": a["min_bytes_rank"][order[at_min]],
@@ -233,8 +246,8 @@ def _per_rank(rank: np.ndarray, values: Dict[int, int], default: int = 0) -> np.
 
 def _reduce_arrivals(key, rank, ts, te_rel, n, lows=None) -> Dict[str, np.ndarray]:
     """Per distinct key: earliest issue (of ``lows``, default ``ts``) and
-    latest issue, the latest issuer (the last row holding the latest issue,
-    as :func:`_reduce_instances`), summed completions and count."""
+    latest issue, the latest issuer (the highest rank holding the latest
+    issue, as :func:`_reduce_instances`), summed completions and count."""
     if lows is None and (len(key) == 0 or bool(np.all(key[1:] > key[:-1]))):     # one row per key, in order
         return {"key": key, "min_start": ts, "max_start": ts, "last_rank": rank, "sum_end": te_rel, "n": n}
     order = np.argsort(key, kind="stable")
@@ -243,11 +256,10 @@ def _reduce_arrivals(key, rank, ts, te_rel, n, lows=None) -> Dict[str, np.ndarra
     top = np.maximum.reduceat(ts, first)
     inst = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(key)]))
     hit = np.flatnonzero(ts == top[inst])
-    at = np.zeros(len(first), np.int64)
-    at[inst[hit]] = hit
     low = ts if lows is None else lows[order]
     return {"key": key[first], "min_start": np.minimum.reduceat(low, first), "max_start": top,
-            "last_rank": rank[order][at], "sum_end": np.add.reduceat(te_rel[order], first),
+            "last_rank": _latest_issuer(inst, len(first), hit, rank[order]).astype(rank.dtype),
+            "sum_end": np.add.reduceat(te_rel[order], first),
             "n": np.add.reduceat(n[order], first)}
 
 
@@ -259,7 +271,7 @@ def _merge_arrivals(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict[
         return _reduce_arrivals(c["key"], c["last_rank"], c["max_start"], c["sum_end"], c["n"], lows=c["min_start"])
     top = np.maximum(a["max_start"], b["max_start"])
     return {"key": a["key"], "min_start": np.minimum(a["min_start"], b["min_start"]), "max_start": top,
-            "last_rank": np.where(b["max_start"] == top, b["last_rank"], a["last_rank"]),
+            "last_rank": _later_issuer(a, b),
             "sum_end": a["sum_end"] + b["sum_end"], "n": a["n"] + b["n"]}
 
 

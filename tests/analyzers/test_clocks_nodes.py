@@ -122,10 +122,10 @@ def test_scope_split_and_slow_host():
 def test_a_multi_host_run_past_the_call_budget_keeps_a_sample_and_exact_counts(tmp_path, monkeypatch):
     """A run on several hosts keeps one collective instance in k (k a power
     of two) for clock alignment and the per-scope / per-link / per-node
-    bandwidth medians, then folds every call on the aligned clocks in a
-    second pass: the per-instance tables and every count equal the
-    unsampled analysis', the offsets stay within their uncertainty, and the
-    report says what was sampled."""
+    bandwidth medians, and folds every call on the aligned clocks: the
+    per-instance tables and every count equal the unsampled analysis', the
+    offsets stay within their uncertainty, and the report says what was
+    sampled."""
     import os
     import sys
 
@@ -159,3 +159,35 @@ def test_a_multi_host_run_past_the_call_budget_keeps_a_sample_and_exact_counts(t
     assert np.allclose(sk["skew_ms_mean"], sk_full["skew_ms_mean"], atol=shift + 1e-6)
     assert any("one collective instance in 8 (6,368 calls" in n for n in sampled.notes)
     assert not any("one collective instance in" in n for n in full.notes)
+
+
+def test_past_the_arrival_budget_a_second_pass_gives_the_same_report(tmp_path, monkeypatch):
+    """A run on several hosts is read once, its instances' arrivals kept per
+    (instance, host); past ``MAX_ARRIVAL_ROWS`` they are dropped and the
+    trace's collectives read a second time on aligned clocks: the same
+    report either way, and ``--timings`` says which."""
+    import os
+    import sys
+
+    import commprof
+    from commprof.analyzers import run
+    from commprof.assemble import merge
+    from helpers import ROOT
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from synth import write
+
+    shards, _n = write(str(tmp_path), 12, 60)   # 12 ranks on 3 hosts
+    path = str(tmp_path / "trace.parquet")
+    merge(shards, path, {"run_id": "passes"})
+    one = commprof.load(path)
+    one_report = one.report()
+    assert any(k.endswith("collectives folded; scope and link tables") for k in one.analysis().timings)
+    monkeypatch.setattr(run, "MAX_ARRIVAL_ROWS", 100)
+    two = commprof.load(path)
+    two_report = two.report()
+    assert any(k.endswith("(a second pass)") for k in two.analysis().timings)
+    assert set(one_report.tables) == set(two_report.tables)
+    for name in one_report.tables:
+        pd.testing.assert_frame_equal(one_report.tables[name].frame, two_report.tables[name].frame, check_exact=True)
+    assert len(one_report.tables["skew"].frame) and len(one_report.tables["nodes"].frame)

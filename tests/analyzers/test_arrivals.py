@@ -1,0 +1,144 @@
+"""A run on several hosts is folded in one pass: the collective instances
+as the chunks come, their arrivals per (instance, clock domain) on each
+host's own clock, shifted once the offsets are known. Checked against
+folding every call on clocks already shifted (the per-call path a single
+host uses), on collectives drawn here: hosts whose ranks are contiguous or
+interleaved, a host split across chunks, world / per-host / pair groups,
+instances some ranks miss, a rank of no known host, ties of the latest
+issue across hosts, and the chunks in any order."""
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from commprof.analyzers.collectives import CollectiveStats
+
+MS = 1_000_000
+
+
+def draw(seed, n_ranks=9, n_hosts=3, interleaved=False, instances=60, world_only=False, miss=0.05):
+    """(comm rows as an Arrow table on each host's own clock, rank -> host
+    code, rank -> offset ns that aligns it). ``world_only`` and ``miss=0``:
+    every rank in every instance (the partials then merge element by
+    element)."""
+    rng = np.random.default_rng(seed)
+    host = {r: (r % n_hosts if interleaved else r * n_hosts // n_ranks) for r in range(n_ranks)}
+    host_off = {h: int(rng.integers(-10**12, 10**12)) for h in range(n_hosts)}
+    host_off[0] = 0
+    offsets = {r: host_off[h] for r, h in host.items()}
+    groups = {"world": list(range(n_ranks)), "pair": [0, n_ranks - 1]}
+    for h in range(n_hosts):
+        groups[f"host{h}"] = [r for r in range(n_ranks) if host[r] == h]
+    if world_only:
+        groups = {"world": groups["world"]}
+    rows = []
+    t = 5_000 * MS
+    for k in range(instances):
+        for g, members in groups.items():
+            if len(members) < 2:
+                continue
+            base = t + int(rng.integers(0, 3 * MS))
+            tie = rng.random() < 0.2         # two ranks are the last to issue, at the same aligned instant
+            for i, r in enumerate(members):
+                if rng.random() < miss and k < instances - 1:
+                    continue                  # this rank missed the instance
+                issue = base + (4 * MS if tie and i < 2 else int(rng.integers(0, 4 * MS)))
+                end = issue + int(rng.integers(MS, 3 * MS))
+                # on the rank's own clock: aligned = own + offset
+                rows.append((r, "all_reduce", g, len(members), k, issue - offsets[r], end - offsets[r],
+                             float(4096 * (1 + (k % 3)))))
+        t += 10 * MS
+    f = pd.DataFrame(rows, columns=["rank", "name", "group", "group_size", "seq", "t_start", "t_end", "bytes"])
+    f["source"] = "ddp_reducer"
+    f["dtype"] = "torch.float32"
+    f = f.sample(frac=1.0, random_state=seed).sort_values("rank", kind="stable")   # rows rank by rank
+    return f, host, offsets
+
+
+def table(f):
+    t = pa.Table.from_pandas(f, preserve_index=False)
+    return t.set_column(t.schema.get_field_index("name"), "name", t.column("name").dictionary_encode())
+
+
+def chunks_of(f, sizes):
+    """Chunks of whole ranks, in the order given by ``sizes`` (ranks per chunk)."""
+    ranks = sorted(f["rank"].unique())
+    out, i = [], 0
+    for n in sizes:
+        out.append(table(f[f["rank"].isin(ranks[i:i + n])]))
+        i += n
+    return out
+
+
+def aligned(chunks, offsets):
+    """The chunks folded on clocks shifted as they come (offsets known)."""
+    st = CollectiveStats()
+    for c in chunks:
+        st.add_instances_of(c, offsets)
+    return st
+
+
+def deferred(chunks, host, offsets):
+    st = CollectiveStats()
+    st.defer_alignment(host)
+    for c in chunks:
+        st.add_instances_of(c)
+    st.align(offsets)
+    return st
+
+
+def by_instance(st: CollectiveStats) -> pd.DataFrame:
+    """Instances in (group, seq) order (their row order follows the order
+    the groups were first seen in)."""
+    return st.instances().sort_values(["group", "seq"]).reset_index(drop=True)
+
+
+def same(a: CollectiveStats, b: CollectiveStats):
+    pd.testing.assert_frame_equal(by_instance(a), by_instance(b))
+    pd.testing.assert_frame_equal(a.skew_table(), b.skew_table())
+    pd.testing.assert_frame_equal(a.rank_lateness(), b.rank_lateness())
+    pd.testing.assert_frame_equal(a.mismatches(), b.mismatches())
+    assert a.last_by_block(7) == b.last_by_block(7)
+
+
+@pytest.mark.parametrize("seed,interleaved,sizes", [
+    (0, False, [3, 3, 3]),          # one host per chunk
+    (1, False, [2, 4, 3]),          # hosts split across chunks
+    (2, True, [9]),                 # every host's ranks interleaved, one chunk
+    (3, True, [1] * 9),             # one rank per chunk
+    (4, False, [5, 4]),
+])
+def test_one_pass_equals_folding_on_aligned_clocks(seed, interleaved, sizes):
+    f, host, offsets = draw(seed, interleaved=interleaved)
+    truth = aligned(chunks_of(f, sizes), offsets)
+    assert (truth.instances()["skew_ms"] >= 0).all() and len(truth.instances()) > 100
+    same(deferred(chunks_of(f, sizes), host, offsets), truth)
+
+
+@pytest.mark.parametrize("world_only,miss", [(False, 0.05), (True, 0.0)])
+def test_ties_of_the_latest_issue_name_the_same_rank_in_any_row_order(world_only, miss):
+    f, host, offsets = draw(5, interleaved=True, world_only=world_only, miss=miss)
+    aligned_issue = f["t_start"] + f["rank"].map(offsets)
+    latest = aligned_issue.groupby([f["group"], f["seq"]]).transform("max")
+    ties = (aligned_issue == latest).groupby([f["group"], f["seq"]]).sum()
+    assert (ties > 1).sum() >= 8            # instances whose latest issue two ranks share
+    reversed_ranks = [table(f[f["rank"] == r]) for r in sorted(f["rank"].unique(), reverse=True)]
+    same(deferred(reversed_ranks, host, offsets), aligned(reversed_ranks, offsets))
+    ordered = aligned([table(f)], offsets)
+    backwards = aligned([table(f.iloc[::-1])], offsets)
+    pd.testing.assert_frame_equal(by_instance(ordered), by_instance(backwards))
+
+
+def test_a_rank_of_no_known_host_keeps_its_own_clock():
+    f, host, offsets = draw(6)
+    unknown = max(host)
+    del host[unknown]
+    offsets[unknown] = 0            # as the clock alignment leaves a rank it has no host for
+    same(deferred(chunks_of(f, [3, 3, 3]), host, offsets), aligned(chunks_of(f, [3, 3, 3]), offsets))
+
+
+def test_the_shift_is_the_offset_of_each_host():
+    """Nothing shifted gives other arrivals: the offsets are applied."""
+    f, host, offsets = draw(7)
+    wrong = deferred(chunks_of(f, [3, 3, 3]), host, {r: 0 for r in offsets})
+    assert not by_instance(wrong)["skew_ms"].equals(by_instance(aligned([table(f)], offsets))["skew_ms"])
