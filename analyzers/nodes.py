@@ -26,7 +26,7 @@ import pandas as pd
 from ..trace.ops import bus_factor
 from .codes import host_codes as _host_codes, int_codes, str_codes as _str_codes
 from .evidence import format_p
-from .stragglers import sign_tests
+from .stragglers import sign_tests, wide_of
 
 HOST_COLUMNS = ["host", "ranks", "step_ms", "work_ms", "comm_pct", "data_pct", "compute_pct",
                 "lateness_ms", "last_pct", "inter_busbw_GBps", "late_steps", "steps", "excess_ms", "p", "needed",
@@ -107,25 +107,26 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     if steps.empty or len(set(hosts.values())) <= 1:
         return pd.DataFrame(columns=HOST_COLUMNS)
     names = sorted(set(hosts.values()) | {"?"})
+    present, _ = int_codes(steps["rank"].to_numpy())
     hc = _host_codes(steps["rank"].to_numpy(), hosts)   # integer codes in name order: no string keys
-    rank = steps["rank"].to_numpy(np.int64)
-    step_time = steps["step_time"].to_numpy(np.float64)
-    work_ns = step_time - steps["comm"].to_numpy(np.float64)
     n_h = len(names)
     rows_n = np.bincount(hc, minlength=n_h)
 
     def total(v):
         return np.bincount(hc, weights=v, minlength=n_h)
 
+    # one float64 column of the steps at a time (a run's steps are ranks x steps rows)
     tot = {c: total(steps[c].to_numpy(np.float64)) for c in ("step_time", "comm", "data", "compute")}
+    work_ns = steps["step_time"].to_numpy(np.float64, copy=True)
+    work_ns -= steps["comm"].to_numpy(np.float64)
     work_tot = total(work_ns)
     late = lateness.assign(host=lateness["rank"].map(lambda r: hosts.get(int(r), "?"))) \
         if len(lateness) else pd.DataFrame(columns=["host", "lateness_ms", "last_pct"])
     busbw = _host_busbw(comm, hosts)
     # a host's ranks at one step averaged by sign_tests (stragglers.wide)
-    work = pd.DataFrame({"unit": hc, "step": steps["step"].to_numpy(), "v": work_ns})
-    tests = sign_tests(work).set_index("unit")
-    pairs = np.unique(hc.astype(np.int64) << 32 | rank)
+    tests = sign_tests(wide_of(hc, steps["step"].to_numpy(), work_ns)).set_index("unit")
+    del work_ns
+    pairs = np.asarray(_host_codes(present, hosts), np.int64) << 32 | present.astype(np.int64)
     rows = []
     for code in np.flatnonzero(rows_n):
         h = names[code]

@@ -230,6 +230,23 @@ class Frames:
         return out
 
 
+class Columns(Frames):
+    """Pieces of one large table (numeric columns), each piece's columns
+    copied out of it as it comes and concatenated column by column at the
+    end, each piece's column freed once copied: the peak is the table and
+    one of its columns, not twice the table."""
+
+    def add(self, frame: Optional[pd.DataFrame]) -> None:
+        if frame is not None:
+            self.parts.append({c: frame[c].to_numpy(copy=True) for c in frame.columns})
+
+    def finish(self) -> pd.DataFrame:
+        if not self.parts:
+            return pd.DataFrame(columns=self.columns)
+        parts, self.parts = self.parts, []
+        return pd.DataFrame({c: np.concatenate([p.pop(c) for p in parts]) for c in list(parts[0])}, copy=False)
+
+
 #: rows per (collective instance, clock domain) a run on several hosts keeps
 #: until its clocks are aligned (~40 B each); past it, with a way to read the
 #: trace again, the instances are folded in a second pass
@@ -445,7 +462,7 @@ class _Accumulators:
     multi_host: bool
     domain: Optional[Dict[int, int]] = None
     reread: Optional[Callable[[], Iterable[pa.Table]]] = None
-    steps: Frames = field(default_factory=lambda: Frames(
+    steps: Frames = field(default_factory=lambda: Columns(
         [c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")]))
     telemetry: Frames = field(default_factory=Frames)
     phases: Frames = field(default_factory=Frames)

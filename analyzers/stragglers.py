@@ -73,22 +73,43 @@ def others_median(m: np.ndarray) -> np.ndarray:
 def wide(values: pd.DataFrame):
     """values: unit, step, v -> (units, steps x units matrix) over the steps
     every unit measured (a unit's repeated rows at one step averaged)."""
-    units, ui = int_codes(values["unit"].to_numpy())
-    steps, si = int_codes(values["step"].to_numpy())
-    cell = si.astype(np.int64) * len(units) + ui
-    size = len(steps) * len(units)
-    tot = np.bincount(cell, weights=values["v"].to_numpy(dtype=np.float64), minlength=size).reshape(len(steps), -1)
-    cnt = np.bincount(cell, minlength=size).reshape(len(steps), -1).astype(np.float64)
+    return wide_of(values["unit"].to_numpy(), values["step"].to_numpy(), values["v"].to_numpy(dtype=np.float64))
+
+
+def wide_of(unit: np.ndarray, step: np.ndarray, v: np.ndarray):
+    """:func:`wide` of three columns (no frame built)."""
+    return wide_at(cells(unit, step), v)
+
+
+def cells(unit: np.ndarray, step: np.ndarray):
+    """(units, number of steps, each row's cell of the steps x units
+    matrix): shared by the metrics of one set of rows."""
+    units, ui = int_codes(unit)
+    steps, si = int_codes(step)
+    cell = si.astype(np.int64) * len(units)
+    del si
+    cell += ui
+    return units, len(steps), cell
+
+
+def wide_at(where, v: np.ndarray):
+    """:func:`wide` of the values ``v`` of rows placed by :func:`cells`."""
+    units, n_steps, cell = where
+    size = n_steps * len(units)
+    tot = np.bincount(cell, weights=v, minlength=size).reshape(n_steps, -1)
+    cnt = np.bincount(cell, minlength=size).reshape(n_steps, -1).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         m = tot / cnt
     return units, m[~np.isnan(m).any(axis=1)]
 
 
-def sign_tests(values: pd.DataFrame, scale: float = 1e6) -> pd.DataFrame:
+def sign_tests(values, scale: float = 1e6) -> pd.DataFrame:
     """Per unit (rank or host): the sign test of its paired per-step excess
     over the median of the others (vectorised over the
-    units), in ms (values in ns unless ``scale`` says otherwise)."""
-    units, m = wide(values)
+    units), in ms (values in ns unless ``scale`` says otherwise).
+    ``values``: a frame of unit, step, v, or the (units, matrix)
+    :func:`wide` gives."""
+    units, m = wide(values) if isinstance(values, pd.DataFrame) else values
     members, n = len(units), len(m)
     if n == 0 or members < 2:
         return pd.DataFrame(columns=["unit", "late_steps", "steps", "late_pct", "excess_ms", "excess_lo_ms",
@@ -164,10 +185,11 @@ def stragglers(steps: pd.DataFrame, lateness: Optional[pd.DataFrame] = None,
     is not accused (see the module docstring)."""
     rows: List[dict] = []
     if not steps.empty and steps["rank"].nunique() > 1:
-        s = steps.assign(work=steps["step_time"] - steps["comm"])
+        where = cells(steps["rank"].to_numpy(), steps["step"].to_numpy())     # one matrix layout, every metric
         for metric, col in METRICS:
-            v = s[["rank", "step", col]].rename(columns={"rank": "unit", col: "v"})
-            rows += _verdicts(sign_tests(v), metric)
+            v = steps["step_time"] - steps["comm"] if col == "work" else steps[col]
+            rows += _verdicts(sign_tests(wide_at(where, v.to_numpy(np.float64))), metric)
+            del v
         if block_last is not None:
             rows += arrival_test(block_last, lateness, int(steps["rank"].nunique()),
                                  float(steps["step_time"].median()) / 1e6)
