@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages some tests need (the local SLURM of tests/cluster/, the
-# headless browser of tests/e2e/test_html_render.py): installed with apt
+# headless browser of tests/render/test_html_render.py): installed with apt
 # where this runs as root and apt exists; otherwise the tests that need
 # them skip with the reason. Never fails the build; one group failing does
 # not keep the other out.

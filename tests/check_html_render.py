@@ -1,5 +1,5 @@
 """Render commprof's HTML report in headless Chromium and check it the way a
-reader sees it (run by tests/e2e/test_html_render.py; also by hand):
+reader sees it (run by tests/render/test_html_render.py; also by hand):
 
     python tests/check_html_render.py REPORT.html [--screenshot DIR]
     python tests/check_html_render.py            # a 2-configuration x 3-GPU-count study

@@ -29,7 +29,7 @@ RUN_NAMES = ("run", "run1", "run2", "run4", "run_a", "run_b", "ddp/", "trace.par
 #: why a command is not run here, by what it needs (the first rule that matches)
 NO_RUN = [
     (re.compile(r"^commprof (record|sweep)\b"), "launches training (tests/record, tests/e2e/test_sweep.py run it)"),
-    (re.compile(r"^commprof bench\b"), "launches ranks (tests/e2e/test_bench.py, tests/cluster run it)"),
+    (re.compile(r"^commprof bench\b"), "launches ranks (tests/bench/test_bench.py, tests/cluster run it)"),
     (re.compile(r"^commprof import\b"), "needs the user's logs or profiler traces (tests/convert run it)"),
     (re.compile(r"^commprof predict /tmp/"), "needs the traces benchmarks/predict_validate.py writes"),
     (re.compile(r"^commprof predict run"), "needs runs at several GPU counts (tests/analyzers/test_replay.py runs it)"),
