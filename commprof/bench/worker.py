@@ -25,7 +25,7 @@ import socket
 import statistics
 import sys
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 DTYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double", "int32": "int32"}
@@ -234,7 +234,7 @@ def sizes(lo: int, hi: int, factor: int = 2):
         s *= factor
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="commprof bench worker (one rank)")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--min-bytes", type=int, default=8)
@@ -254,33 +254,25 @@ def main(argv=None) -> int:
                    help="instead of the collectives: point-to-point exchanges between every pair of nodes")
     p.add_argument("--pairs-bytes", type=int, default=0, help="bytes each way per exchange (0: 4 MiB CPU, 256 MiB GPU)")
     p.add_argument("--max-pairs", type=int, default=None, help="node pairs at most (whole rounds kept at random)")
-    args = p.parse_args(argv)
-    import torch
-    import torch.distributed as dist
+    return p
 
-    rank, world, local = _rank_world()
-    cuda = torch.cuda.is_available()
-    backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", os.environ.get("COMMPROF_BENCH_PORT", "29531"))
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
-    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    max_bytes = args.max_bytes or ((4 << 30) if device.type == "cuda" else (64 << 20))
-    if args.pairs:
-        return _pairs_main(torch, dist, device, rank, world, backend, args)
-    wall0, mono0 = time.time_ns(), time.monotonic_ns()
-    results = []
-    events = []          # (op, detail, t0 ns, t1 ns, bytes, dtype, seq) of every timed call
-    seq = [0]
 
-    def note(case, mode, spans):
+class _Timer:
+    """Times a case's calls (CUDA events around the loop on a GPU, each call
+    on the host clock on CPU), notes every timed call for the trace, and
+    checks a case's result."""
+
+    def __init__(self, torch, dist, device):
+        self.torch, self.dist, self.device = torch, dist, device
+        self.events: list = []   # (op, detail, t0 ns, t1 ns, bytes, dtype, seq) of every timed call
+
+    def note(self, case, mode, spans) -> None:
         for t0, t1 in spans:
-            events.append((case.op, mode, t0, t1, case.nbytes, str(case.dtype), seq[0]))
-            seq[0] += 1
+            self.events.append((case.op, mode, t0, t1, case.nbytes, str(case.dtype), len(self.events)))
 
-    def timed(case, iters, mode):
+    def timed(self, case, iters, mode):
+        """(mean seconds per call, median seconds per call), each the slowest rank's."""
+        torch, dist, device = self.torch, self.dist, self.device
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
@@ -292,39 +284,42 @@ def main(argv=None) -> int:
             end.record()
             end.synchronize()
             sec = start.elapsed_time(end) / 1e3 / iters
-            med = sec
             # one event per call, each the mean device time (CUDA events around the loop)
             step = int(sec * 1e9)
-            note(case, mode, [(host0 + i * step, host0 + (i + 1) * step) for i in range(iters)])
-        else:
-            dist.barrier()
-            each = []
-            spans = []
-            for _ in range(iters):
-                t0 = time.monotonic_ns()
-                case.run()
-                t1 = time.monotonic_ns()
-                spans.append((t0, t1))
-                each.append((t1 - t0) / 1e9)
-            sec = sum(each) / iters
-            note(case, mode, spans)
-            # per call the slowest rank (the same statistic `commprof model` takes from the trace)
-            t = torch.tensor([sec] + each, dtype=torch.float64, device=device)
+            self.note(case, mode, [(host0 + i * step, host0 + (i + 1) * step) for i in range(iters)])
+            t = torch.tensor([sec, sec], dtype=torch.float64, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return float(t[0].item()), statistics.median(t[1:].tolist())
-        t = torch.tensor([sec, med], dtype=torch.float64, device=device)
+            return float(t[0].item()), float(t[1].item())
+        dist.barrier()
+        each = []
+        spans = []
+        for _ in range(iters):
+            t0 = time.monotonic_ns()
+            case.run()
+            t1 = time.monotonic_ns()
+            spans.append((t0, t1))
+            each.append((t1 - t0) / 1e9)
+        self.note(case, mode, spans)
+        # per call the slowest rank (the same statistic `commprof model` takes from the trace)
+        t = torch.tensor([sum(each) / iters] + each, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t[0].item()), float(t[1].item())
+        return float(t[0].item()), statistics.median(t[1:].tolist())
 
-    def checked(case):
+    def checked(self, case) -> int:
+        """Ranks whose result of one call is wrong."""
         case.reset()
         case.run()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        w = torch.tensor([case.wrong()], dtype=torch.int64, device=device)
-        dist.all_reduce(w)
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+        w = self.torch.tensor([case.wrong()], dtype=self.torch.int64, device=self.device)
+        self.dist.all_reduce(w)
         return int(w.item())
 
+
+def _collectives(torch, dist, device, rank, world, args, max_bytes, timer: _Timer) -> List[dict]:
+    """One row per (dtype, op, size): out-of-place and in-place time,
+    median and wrong ranks."""
+    results: List[dict] = []
     for dname in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         dtype = getattr(torch, dname)
         for op in [o.strip() for o in args.ops.split(",") if o.strip()]:
@@ -345,14 +340,15 @@ def main(argv=None) -> int:
                         continue
                     for _ in range(args.warmup):
                         case.run()
-                    sec, med = timed(case, args.iters, mode)
-                    row[mode] = {"time_us": sec * 1e6, "median_us": med * 1e6, "wrong": checked(case)}
+                    sec, med = timer.timed(case, args.iters, mode)
+                    row[mode] = {"time_us": sec * 1e6, "median_us": med * 1e6, "wrong": timer.checked(case)}
                 results.append(row)
-    overlap = _overlap(torch, dist, device, rank, world, args, max_bytes) if args.overlap else []
-    pipeline = _pipeline(torch, dist, device, rank, world, args, max_bytes) if args.pipeline else []
-    if args.trace_dir:
-        _write_shard(args.trace_dir, events, rank, world, local, backend, device, wall0, mono0)
-    # the ranks' hosts: the cost model needs the ranks per node
+    return results
+
+
+def _write_results(torch, dist, device, rank, world, backend, args, results, overlap, pipeline) -> None:
+    """The ranks' hosts gathered (the cost model needs the ranks per node);
+    rank 0 writes the results."""
     hosts = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     per_host: Dict[str, int] = {}
@@ -370,6 +366,33 @@ def main(argv=None) -> int:
         with open(tmp, "w") as fh:
             json.dump(doc, fh)
         os.replace(tmp, args.out)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    rank, world, local = _rank_world()
+    cuda = torch.cuda.is_available()
+    backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("COMMPROF_BENCH_PORT", "29531"))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    max_bytes = args.max_bytes or ((4 << 30) if device.type == "cuda" else (64 << 20))
+    if args.pairs:
+        return _pairs_main(torch, dist, device, rank, world, backend, args)
+    wall0, mono0 = time.time_ns(), time.monotonic_ns()
+    timer = _Timer(torch, dist, device)
+    results = _collectives(torch, dist, device, rank, world, args, max_bytes, timer)
+    overlap = _overlap(torch, dist, device, rank, world, args, max_bytes) if args.overlap else []
+    pipeline = _pipeline(torch, dist, device, rank, world, args, max_bytes) if args.pipeline else []
+    if args.trace_dir:
+        _write_shard(args.trace_dir, timer.events, rank, world, local, backend, device, wall0, mono0)
+    _write_results(torch, dist, device, rank, world, backend, args, results, overlap, pipeline)
     _leave(torch, dist, device)
     return 0
 
