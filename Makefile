@@ -47,6 +47,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) docs/tools/gen_cli.py
 	$(PY) docs/tools/gen_benchmarks.py
+	$(PY) docs/tools/gen_architecture.py
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: $(STAMP) lint

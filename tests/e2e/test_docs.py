@@ -30,6 +30,12 @@ def test_the_cli_reference_is_generated_from_the_parsers():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_architecture_page_is_the_repositorys_map():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "tools", "gen_architecture.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_the_readme_is_short_and_links_only_what_exists():
     import re
 
