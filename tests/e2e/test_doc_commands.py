@@ -1,12 +1,16 @@
 """Every ``commprof ...`` command the README and the user guide show is
 checked against the real command line: each one parses with commprof's own
 parser (its subcommand, options and choices exist), a synopsis line names a
-subcommand that exists, and the commands that read traces or logs run, on a
-DDP trace written here (``run``, ``run1`` ... stand for it) or on the
-repository's fixtures, and exit 0. What cannot run on this machine (a
-launcher of real training, a cluster, a GPU) says why, by rule below; the
-recording, bench, sweep and import commands themselves are exercised by
-their own end-to-end tests."""
+subcommand that exists, and every command that reads traces, logs or
+profiler files runs and exits 0: report, export, diff, predict, model,
+merge and import, on traces written here (``run``, ``run1`` ... stand for a
+4-rank DDP run; ``run2`` / ``run4`` / ``run8`` for runs at those GPU counts;
+``ddp/``, ``hvd/``, ``ds/`` for runs of those frameworks; a folder of
+unmerged shards for ``merge``), Kineto files written by
+benchmarks/kineto_gen.py, and the repository's nccl-tests logs for the
+user's. What launches training or ranks (record, sweep, bench) says why it
+does not run here, by rule below; those commands are exercised by their own
+end-to-end tests."""
 import glob
 import os
 import re
@@ -25,17 +29,20 @@ import tracegen  # noqa: E402
 PAGES = ["README.md"] + sorted(p for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
                                if os.path.basename(p) not in ("cli.md", "benchmarks.md", "changelog.md"))
 #: names the docs use for a recorded run; the test writes one trace and gives it every name
-RUN_NAMES = ("run", "run1", "run2", "run4", "run_a", "run_b", "ddp/", "trace.parquet")
+RUN_NAMES = ("run", "run1", "run_a", "run_b", "trace.parquet")
+#: names of runs at a GPU count (their traces have that many ranks)
+SIZED_RUNS = {"run2": 2, "run4": 4, "run8": 8}
+#: names of runs of one framework
+FRAMEWORK_RUNS = {"ddp/": "ddp", "hvd/": "horovod", "ds/": "deepspeed"}
+#: the user's files the docs name, and what stands for them here
+USER_FILES = {"all_reduce_perf.log": os.path.join("tests", "fixtures", "nccl-tests",
+                                                  "nccltests309-gjaion_2n_16g_allreduce.log")}
 #: why a command is not run here, by what it needs (the first rule that matches)
 NO_RUN = [
     (re.compile(r"^commprof (record|sweep)\b"), "launches training (tests/record, tests/e2e/test_sweep.py run it)"),
     (re.compile(r"^commprof bench\b"), "launches ranks (tests/bench/test_bench.py, tests/cluster run it)"),
-    (re.compile(r"^commprof import\b"), "needs the user's logs or profiler traces (tests/convert run it)"),
+    (re.compile(r"^commprof import kineto /shared"), "needs the user's Dask scheduler (tests/convert runs --dask)"),
     (re.compile(r"^commprof predict /tmp/"), "needs the traces benchmarks/predict_validate.py writes"),
-    (re.compile(r"^commprof predict run"), "needs runs at several GPU counts (tests/analyzers/test_replay.py runs it)"),
-    (re.compile(r"^commprof model all_reduce_perf\.log"), "needs the user's nccl-tests log (the fixtures' run below)"),
-    (re.compile(r"^commprof merge\b"), "needs a folder of unmerged node shards (tests/cluster run it)"),
-    (re.compile(r"^commprof report (hvd|ds)/|^commprof report ddp/ hvd/"), "needs Horovod and DeepSpeed runs"),
 ]
 
 
@@ -103,11 +110,36 @@ def test_every_documented_command_parses(where, cmd):
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """A 4-rank DDP trace, written once, under every name the docs give a run."""
+    """What the docs' commands read, written once: a 4-rank DDP trace under
+    every name the docs give a run; runs at 2, 4 and 8 GPUs; a DDP, a
+    Horovod and a DeepSpeed run; PyTorch profiler traces (Kineto JSON, two
+    ranks, benchmarks/kineto_gen.py)."""
     d = tmp_path_factory.mktemp("docs")
     path = d / "demo.parquet"
     tracegen.write_run(path, {r: tracegen.ddp_rank(r, 4, 12, arrive_ms=r * 0.5) for r in range(4)})
-    return str(d), str(path)
+    names = {name: str(path) for name in RUN_NAMES}
+    for name, n in SIZED_RUNS.items():
+        names[name] = tracegen.write_run(d / f"{name}.parquet",
+                                         {r: tracegen.ddp_rank(r, n, 12, arrive_ms=r * 0.2) for r in range(n)})
+    for name, fw in FRAMEWORK_RUNS.items():
+        names[name] = tracegen.write_run(d / f"{fw}.parquet", {r: tracegen.ddp_rank(r, 2, 12) for r in range(2)},
+                                         meta={"framework": fw})
+    kin = d / "kineto"
+    subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kineto_gen.py"), str(kin), "--ranks", "2",
+                    "--kernels", "400", "--steps", "3"], check=True, stdout=subprocess.DEVNULL, timeout=120)
+    names["rank*.json.gz"] = str(kin / "rank*.json.gz")
+    names.update({k: os.path.join(ROOT, v) for k, v in USER_FILES.items()})
+    return names
+
+
+def _unmerged(folder) -> str:
+    """A recording folder holding its ranks' shards, not merged yet (4 ranks
+    on one host, benchmarks/synth.py's shape)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from synth import write
+
+    write(str(folder), 4, 20)
+    return str(folder)
 
 
 def _runnable():
@@ -127,6 +159,8 @@ def test_what_is_not_run_says_why_and_the_quick_start_runs():
     ran = {c for _, c in RUNNABLE}
     assert "commprof report run" in ran                       # the README's second command
     assert any(c.startswith("commprof model tests/fixtures/") for c in ran)
+    for sub in ("model", "predict", "import", "merge", "export", "diff"):    # every command that reads files
+        assert any(c.startswith(f"commprof {sub} ") for c in ran), sub
     for where, cmd in COMMANDS:
         cmd = _strip_comment(cmd)
         if _is_synopsis(cmd) or cmd in ran:
@@ -136,13 +170,14 @@ def test_what_is_not_run_says_why_and_the_quick_start_runs():
 
 @pytest.mark.parametrize("where, cmd", RUNNABLE, ids=[w for w, _ in RUNNABLE])
 def test_documented_commands_run(where, cmd, demo, tmp_path):
-    folder, trace = demo
     words = shlex.split(cmd)[1:]
     out = []
     for w in words:
-        if w in RUN_NAMES or w.rstrip("/") in RUN_NAMES:
-            out.append(trace)
-        elif w.endswith((".html", ".json", ".gz")) and not os.path.exists(os.path.join(ROOT, w)):
+        if words[0] == "merge" and w in RUN_NAMES:
+            out.append(_unmerged(tmp_path / "unmerged"))
+        elif w in demo or w.rstrip("/") in demo:
+            out.append(demo.get(w) or demo[w.rstrip("/")])
+        elif w.endswith((".html", ".json", ".gz", ".parquet")) and not os.path.exists(os.path.join(ROOT, w)):
             out.append(str(tmp_path / os.path.basename(w)))      # an output file: written here
         else:
             out.append(w)
@@ -151,4 +186,6 @@ def test_documented_commands_run(where, cmd, demo, tmp_path):
     proc = subprocess.run(["bash", "-c", line.replace("'", "") if "*" in line else line], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=venv_env())
     assert proc.returncode == 0, f"{where}: `{cmd}`\n{proc.stderr[-2000:]}"
-    assert proc.stdout.strip() or any(w.endswith((".html", ".json", ".gz")) for w in out), where
+    wrote = [w for w in out if w.startswith(str(tmp_path)) and os.path.exists(w)
+             and (os.path.isfile(w) or os.path.exists(os.path.join(w, "trace.parquet")))]
+    assert proc.stdout.strip() or wrote, where
