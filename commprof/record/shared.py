@@ -106,6 +106,12 @@ class Participant:
                 if merged(self.out_dir):
                     return False
                 time.sleep(0.05)
+            except FileNotFoundError:
+                # the last participant merged, released the lock and removed
+                # the folder's .nodes/ between our marking done and our try
+                if merged(self.out_dir):
+                    return False
+                raise
         ps = participants(self.out_dir)
         done = [p for p in ps if p.get("state") == "done"]
         if not merged(self.out_dir) and len(done) == len(ps) and len(done) >= int(self.run.get("expected") or 1):

@@ -135,3 +135,35 @@ def test_merge_by_hand(tmp_path):
     empty.mkdir()
     none = run(commprof_cmd("merge", str(empty)))
     assert none.returncode == 2 and "no shards" in none.stderr
+
+
+def test_a_participant_that_finds_the_merge_done_and_cleared_leaves_quietly(tmp_path, monkeypatch):
+    """Two nodes finishing together: this one marks itself done, the other
+    takes the merge lock, merges, releases it and removes ``.nodes/`` before
+    this one tries the lock. It must see the merge done and leave (it once
+    exited 2: 'merging: No such file or directory')."""
+    import shutil
+
+    from commprof.record import shared
+    from commprof.trace.parquet import TRACE_FILE
+
+    out = str(tmp_path / "shared")
+    me = shared.Participant(out, "job7", expected=2)
+    write = shared.Participant._write
+
+    def done_then_the_other_merges(self, state):
+        write(self, state)
+        if state == "done":
+            with open(os.path.join(out, TRACE_FILE), "wb"):
+                pass
+            shutil.rmtree(os.path.join(out, shared.NODES_DIR))
+
+    monkeypatch.setattr(shared.Participant, "_write", done_then_the_other_merges)
+    assert me.finish() is False
+    # with no merge done, a vanished folder is still an error
+    other = str(tmp_path / "other")
+    me2 = shared.Participant(other, "job8", expected=2)
+    monkeypatch.setattr(shared.Participant, "_write",
+                        lambda self, state: shutil.rmtree(os.path.join(other, shared.NODES_DIR)))
+    with pytest.raises(FileNotFoundError):
+        me2.finish()
