@@ -200,10 +200,8 @@ for mib in ((64, 256) if cuda else (1, 4)):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1, device=x.device))], lr=0.1)
     opt.step()
 sync()
-import time
-deadline = time.monotonic() + 10     # gloo lets go of the last tensors first (docs/known-issues.md)
-while (x._use_count() > 1 or y._use_count() > 1) and time.monotonic() < deadline:
-    time.sleep(0.001)
+from workloads.teardown import wait_released     # on PYTHONPATH: the repository's root
+wait_released([x, y])     # gloo lets go of the last tensors first (docs/known-issues.md)
 dist.destroy_process_group()
 '''
 
