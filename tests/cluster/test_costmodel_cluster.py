@@ -30,12 +30,14 @@ def _bench(make_cluster, n, out, port):
     c = make_cluster(n, rate_mbit=100)
     procs = []
     for node in c.nodes:
-        cmd = [PY, "-m", "torch.distributed.run", "--nnodes", str(n), "--node-rank", str(node.index),
-               "--nproc-per-node", "1", "--master-addr", c.nodes[0].addr, "--master-port", str(port), WORKER,
-               "--ops", "all_reduce", "--min-bytes", "4096", "--max-bytes", "2097152", "--iters", "10",
-               "--warmup", "1", "--out", out]
-        procs.append(node.popen(cmd, env=venv_env({"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}), cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        # one rank per node, started the way srun starts it (the rank's
+        # variables set, no launcher process)
+        cmd = [PY, WORKER, "--ops", "all_reduce", "--min-bytes", "4096", "--max-bytes", "2097152",
+               "--iters", "10", "--warmup", "1", "--out", out]
+        env = venv_env({"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "RANK": str(node.index),
+                        "WORLD_SIZE": str(n), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": c.nodes[0].addr, "MASTER_PORT": str(port)})
+        procs.append(node.popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     errs = [p.communicate(timeout=400)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * n, [e[-2000:] for e in errs]
     c.down()
