@@ -19,6 +19,7 @@ dali = pytest.importorskip("nvidia.dali.plugin.pytorch")
 
 pytestmark = pytest.mark.slow
 
+import commprof
 from commprof import assemble
 from commprof.record import session
 from commprof.cli import main
@@ -93,6 +94,22 @@ def test_deepspeed_zero_stages(record_once, zero):
         assert (per_step["reduce_scatter"] >= params).all()
         assert (per_step["all_gather"] > 0).all()
     assert (ev[(ev["rank"] == 0) & (ev["category"] == "step")].shape[0]) == 5
+
+
+@pytest.mark.parametrize("launch", [HVD, (ds_zero(0),), (ds_zero(2),)], ids=["horovod", "deepspeed-zero0",
+                                                                              "deepspeed-zero2"])
+def test_horovod_and_deepspeed_get_the_fine_grain(record_once, launch):
+    """The same runs as above: the bucket, critical-path and update-delay
+    tables from Horovod's and DeepSpeed's calls."""
+    proc, out = record_once(*launch)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = commprof.load(out).report()
+    for name in ("buckets", "critical_path", "updates"):
+        assert name in rep.tables and len(rep.tables[name].frame), (name, list(rep.tables))
+    b = rep.tables["buckets"].frame
+    assert (b["bytes"] > 0).all() and b["samples"].min() >= 2 * 4
+    u = rep.tables["updates"].frame.iloc[0]
+    assert u["delay_ms_p50"] > 0 and u["ranks"] == 2
 
 
 def test_deepspeed_launcher(record):
