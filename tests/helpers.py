@@ -82,3 +82,37 @@ def run_in_pty(cmd, columns=100, env=None, timeout=240):
         if proc.poll() is None:
             proc.kill()
     return proc.wait(), out.decode("utf-8", "replace")
+
+
+#: the user's scripts the docs' commands name, which a test replaces by one of its own
+DOC_SCRIPTS = ("train.py", "train_hvd.py", "train_ds.py", "train_with_dali.py", "train_with_mp_spawn.py")
+
+
+def documented_record(page, contains, script=None):
+    """The ``commprof record`` command that ``page`` shows containing
+    ``contains`` (exactly one), as (record options, command): the test
+    runs what the docs show, its output folder given by the test, the
+    user's script (one of DOC_SCRIPTS) replaced by ``script`` (a list: a
+    test workload and its arguments). tests/e2e/test_doc_commands.py finds
+    these calls and counts their commands as run."""
+    import re
+    import shlex
+
+    with open(os.path.join(ROOT, page)) as fh:
+        lines = [s.strip() for s in fh.read().replace("\\\n", " ").splitlines()]
+    found = [s for s in lines if s.startswith("commprof record ") and contains in s]
+    assert len(found) == 1, f"{page}: {len(found)} record commands contain {contains!r}"
+    words = shlex.split(re.sub(r"\s+#\s.*$", "", found[0]))
+    sep = words.index("--")
+    options, cmd = words[2:sep], words[sep + 1:]
+    if "-o" in options:
+        i = options.index("-o")
+        del options[i:i + 2]
+    users = [w for w in cmd if w in DOC_SCRIPTS]
+    if script is not None:
+        assert len(users) == 1, f"{page}: {found[0]!r} names no user's script to replace"
+        i = cmd.index(users[0])
+        cmd = cmd[:i] + list(script) + cmd[i + 1:]
+    else:
+        assert not users, f"{page}: {found[0]!r} names the user's script {users[0]}: give one"
+    return options, cmd

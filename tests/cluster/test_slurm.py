@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import commprof
-from helpers import ROOT, commprof_cmd, run, venv_env
+from helpers import ROOT, commprof_cmd, documented_record, run, venv_env
 
 pytestmark = pytest.mark.slow
 
@@ -15,12 +15,14 @@ MULTI = os.path.join(ROOT, "tests", "workloads", "multinode.py")
 
 
 def test_record_around_srun(local_slurm, tmp_path):
-    """Pattern (a): one commprof record on the launch node around srun; the
-    ranks come from SLURM_PROCID (the script maps them for env://)."""
+    """Pattern (a), as the multi-node guide shows it: inside an allocation
+    (salloc; here 2 tasks on the one node), one commprof record on the
+    launch node around srun; the ranks come from SLURM_PROCID (the script
+    maps them for env://)."""
     out = str(tmp_path / "rec")
     env = local_slurm.env(venv_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29711"}))
-    proc = run(commprof_cmd("record", "-o", out, "--", "srun", "-n", "2", PY, MULTI, "--steps", "6"),
-               env=env, timeout=240)
+    options, cmd = documented_record("docs/multi-node.md", "srun python train.py", script=[MULTI, "--steps", "6"])
+    proc = run(["salloc", "-n", "2", *commprof_cmd("record", "-o", out, *options, "--", *cmd)], env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     t = commprof.load(out)
     assert t.meta["world_size"] == 2 and t.meta["ranks_recorded"] == 2

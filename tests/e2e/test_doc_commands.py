@@ -8,9 +8,11 @@ merge and import, on traces written here (``run``, ``run1`` ... stand for a
 ``ddp/``, ``hvd/``, ``ds/`` for runs of those frameworks; a folder of
 unmerged shards for ``merge``), Kineto files written by
 benchmarks/kineto_gen.py, and the repository's nccl-tests logs for the
-user's. What launches training or ranks (record, sweep, bench) says why it
-does not run here, by rule below; those commands are exercised by their own
-end-to-end tests."""
+user's. The record commands of the recording, frameworks, failures and
+multi-node guides run in the end-to-end tests that record such jobs, as the docs show them
+(``helpers.documented_record``: the user's script replaced by a test
+workload); what else launches training or ranks (record, sweep, bench) says
+why it does not run here, by rule below."""
 import glob
 import os
 import re
@@ -142,17 +144,45 @@ def _unmerged(folder) -> str:
     return str(folder)
 
 
+def _claims():
+    """{page:line: test file} of the record commands an end-to-end test runs
+    as the docs show them (``helpers.documented_record(page, text, ...)``:
+    the user's script replaced by a test workload, the output folder the
+    test's)."""
+    call = re.compile(r'documented_record\(\s*"([^"]+)",\s*"([^"]+)"')
+    found = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "**", "test_*.py"), recursive=True)):
+        for page, text in call.findall(open(path).read()):
+            where = [w for w, c in COMMANDS if w.startswith(page + ":") and c.startswith("commprof record ")
+                     and text in c]
+            assert len(where) == 1, f"{os.path.relpath(path, ROOT)}: {page} {text!r} names {len(where)} commands"
+            found[where[0]] = os.path.relpath(path, ROOT)
+    return found
+
+
+CLAIMED = _claims()
+
+
 def _runnable():
     out = []
     for where, cmd in COMMANDS:
         cmd = _strip_comment(cmd)
-        if _is_synopsis(cmd) or any(rule.search(cmd) for rule, _ in NO_RUN):
+        if _is_synopsis(cmd) or where in CLAIMED or any(rule.search(cmd) for rule, _ in NO_RUN):
             continue
         out.append((where, cmd))
     return out
 
 
 RUNNABLE = _runnable()
+
+
+def test_record_commands_run_as_documented_by_their_tests():
+    """Each guide whose record commands a test runs as written (the
+    recording, frameworks, failures and multi-node guides) has them
+    claimed, and every claim names one command."""
+    pages = {w.split(":")[0] for w in CLAIMED}
+    assert {"docs/recording.md", "docs/frameworks.md", "docs/failures.md", "docs/multi-node.md"} <= pages, CLAIMED
+    assert len(CLAIMED) >= 7, CLAIMED
 
 
 def test_what_is_not_run_says_why_and_the_quick_start_runs():
@@ -163,7 +193,7 @@ def test_what_is_not_run_says_why_and_the_quick_start_runs():
         assert any(c.startswith(f"commprof {sub} ") for c in ran), sub
     for where, cmd in COMMANDS:
         cmd = _strip_comment(cmd)
-        if _is_synopsis(cmd) or cmd in ran:
+        if _is_synopsis(cmd) or cmd in ran or where in CLAIMED:
             continue
         assert any(rule.search(cmd) for rule, why in NO_RUN if why), f"{where}: `{cmd}` neither runs nor says why"
 

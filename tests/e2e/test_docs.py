@@ -83,6 +83,8 @@ FIGURE = r"\d[\d,.]*\s?(?:ms|µs|s|%|MB|MiB|GiB|GB/s|MB/s)\b|×\s?\d"
 SOURCE = r"benchmarks/results/|tests/|results/"
 #: a section whose figures are settings, limits or wording, not measurements, says so
 NOT_MEASURED = "<!-- figures: not measurements"
+#: so does a paragraph (the comment in the block just before it)
+BLOCK_NOT_MEASURED = "<!-- these figures: not measurements"
 
 
 def _guide_sections():
@@ -99,21 +101,29 @@ def _guide_sections():
             yield os.path.relpath(path, ROOT), section
 
 
-def test_every_section_stating_a_figure_names_where_it_was_measured():
+def test_every_paragraph_stating_a_figure_names_where_it_was_measured():
     """A figure in the README or a guide comes from a result file (command,
-    date and commit inside) or a test named in its section; a section whose
-    numbers are settings, limits or an example's wording says so in an HTML
-    comment. The result files it names exist."""
+    date and commit inside) or a test, named in its paragraph, list or table
+    or in the block just before or after it (a table's caption); numbers
+    that are settings, limits or an example's wording say so in an HTML
+    comment, for their section or in the block before them. The result
+    files named exist."""
     import re
 
     unbacked, missing = [], []
     for path, section in _guide_sections():
-        prose = re.sub(r"```.*?```", "", section, flags=re.S)
-        m = re.search(FIGURE, prose)
-        if m and not re.search(SOURCE, section) and NOT_MEASURED not in section:
-            unbacked.append(f"{path} '{section.splitlines()[0]}': ...{prose[max(0, m.start() - 60):m.end()]}")
         for ref in re.findall(r"benchmarks/results/[\w./-]+\.(?:md|txt)", section):
             if not os.path.exists(os.path.join(ROOT, ref)):
                 missing.append(f"{path}: {ref}")
+        if NOT_MEASURED in section:
+            continue
+        prose = re.sub(r"```.*?```", "", section, flags=re.S)
+        blocks = [b for b in re.split(r"\n\s*\n", prose) if b.strip()]
+        for i, block in enumerate(blocks):
+            m = re.search(FIGURE, block)
+            if not m or (i and BLOCK_NOT_MEASURED in blocks[i - 1]):
+                continue
+            if not re.search(SOURCE, "\n".join(blocks[max(0, i - 1):i + 2])):
+                unbacked.append(f"{path} '{section.splitlines()[0]}': ...{block[max(0, m.start() - 60):m.end()]}")
     assert not unbacked, "\n".join(unbacked)
     assert not missing, "\n".join(missing)

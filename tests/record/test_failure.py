@@ -12,7 +12,7 @@ import pytest
 import commprof
 from commprof import assemble
 from commprof.trace import ring
-from helpers import ROOT, commprof_cmd, run, venv_env
+from helpers import ROOT, commprof_cmd, documented_record, run, venv_env
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,8 @@ def test_a_size_mismatch_that_aborts_a_rank_is_named_with_both_sides(tmp_path, a
     flight well after the last flush; the rings keep them (every attempt,
     no race: benchmarks/failure_repeat.py runs 10)."""
     out = str(tmp_path / "rec")
-    proc = _record(out, "--steps", "50", "--skip-rank", "1", "--skip-at", "30")
+    options, cmd = documented_record("docs/failures.md", "--skip-rank 1")     # the guide's command, as written
+    proc = run(commprof_cmd("record", "-o", out, *options, "--", *cmd), timeout=200)
     assert proc.returncode != 0
     rep, fail = _failure(out)
     assert list(rep.tables)[0] == "failure"

@@ -24,15 +24,22 @@ from commprof import assemble
 from commprof.record import session
 from commprof.cli import main
 from commprof.record.config import Config
-from helpers import ROOT, TINY
+from helpers import ROOT, TINY, documented_record
 
 PY = sys.executable
 WL = os.path.join(ROOT, "tests", "workloads")
 STEPS = 6
 
 
-HVD = (["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", PY, os.path.join(WL, "tiny_hvd.py"),
-        "--steps", str(STEPS), "--result-dir", "{res}"], "--horovod-timeline")
+def _hvd():
+    """The Horovod guide's command, its script a tiny model (the user's train_hvd.py)."""
+    options, cmd = documented_record("docs/frameworks.md", "horovodrun",
+                                     script=[os.path.join(WL, "tiny_hvd.py"), "--steps", str(STEPS),
+                                             "--result-dir", "{res}"])
+    return (cmd, *options)
+
+
+HVD = _hvd()
 
 
 def ds_zero(zero):
@@ -113,16 +120,20 @@ def test_horovod_and_deepspeed_get_the_fine_grain(record_once, launch):
 
 
 def test_deepspeed_launcher(record):
-    proc, out = record(["deepspeed", "--num_gpus", "2", os.path.join(WL, "tiny_ds.py"), "--zero", "1",
-                        "--steps", "3", "--result-dir", "{res}"])
+    options, cmd = documented_record("docs/frameworks.md", "deepspeed --num_gpus",
+                                     script=[os.path.join(WL, "tiny_ds.py"), "--zero", "1", "--steps", "3",
+                                             "--result-dir", "{res}"])
+    proc, out = record(cmd, *options)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = assemble.load(out)
     assert run.meta["launcher"] == "deepspeed" and run.meta["ranks_recorded"] == 2
 
 
 def test_dali_cpu_pipeline(record, tmp_path):
-    proc, out = record([PY, os.path.join(WL, "tiny_dali.py"), "--data", str(tmp_path / "img"),
-                        "--result-dir", "{res}"])
+    options, cmd = documented_record("docs/frameworks.md", "train_with_dali.py",
+                                     script=[os.path.join(WL, "tiny_dali.py"), "--data", str(tmp_path / "img"),
+                                             "--result-dir", "{res}"])
+    proc, out = record(cmd, *options)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = assemble.load(out)
     ev = run.table.to_pandas()

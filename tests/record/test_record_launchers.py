@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from commprof import assemble
-from helpers import TINY
+from helpers import TINY, documented_record
 
 pytestmark = pytest.mark.slow  # launches training processes
 
@@ -74,7 +74,10 @@ def test_torchrun_two_ranks(record):
 
 
 def test_nproc_convenience_and_mp_spawn(record):
-    proc, out = record(["python", TINY, "--result-dir", "{res}", "--steps", str(STEPS), "--spawn", "2"])
+    # the guide's command, its script a tiny DDP model that calls mp.spawn itself
+    options, cmd = documented_record("docs/recording.md", "mp_spawn",
+                                     script=[TINY, "--result-dir", "{res}", "--steps", str(STEPS), "--spawn", "2"])
+    proc, out = record(cmd, *options)
     assert proc.returncode == 0, proc.stderr
     res = proc.results
     run, ev = _check_ddp(out, res, 2)
@@ -83,7 +86,10 @@ def test_nproc_convenience_and_mp_spawn(record):
 
 
 def test_nproc_option(record):
-    proc, out = record(["python", TINY, "--result-dir", "{res}", "--steps", str(STEPS)], "--nproc", "2")
+    options, cmd = documented_record("docs/recording.md", "--nproc 2",
+                                     script=[TINY, "--result-dir", "{res}", "--steps", str(STEPS)])
+    assert options == ["--nproc", "2"]
+    proc, out = record(cmd, *options)
     assert proc.returncode == 0, proc.stderr
     _check_ddp(out, proc.results, 2)
 
