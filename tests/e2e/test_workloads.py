@@ -53,11 +53,20 @@ def test_combination_trains(framework, zero, loader, data, tmp_path):
 
 
 def test_default_run_validates(tmp_path):
-    """No arguments but the output: ResNet-18 on generated images, one
-    process, validation accuracy per epoch."""
-    result = tmp_path / "r.json"
-    proc = run([PY, RESNET, "--steps", "6", "--image-size", "32", "--result", str(result)], env=venv_env())
+    """The recording guide's first command as written: ResNet-18 on
+    generated images, one process, the workload's defaults; its per-epoch
+    loss, LR, validation accuracy and samples/s land in the trace as
+    metrics, and the run is labelled."""
+    import commprof
+    from helpers import commprof_cmd, documented_record
+
+    options, cmd = documented_record("docs/recording.md", "-- python workloads/resnet.py")
+    out = str(tmp_path / "run1")
+    proc = run(commprof_cmd("record", "-o", out, *options, "--", *cmd), timeout=400, env=venv_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
-    r = json.loads(result.read_text())
-    assert r["framework"] == "none" and r["world_size"] == 1
-    assert 0 <= r["epochs"][0]["top1"] <= r["epochs"][0]["top5"] <= 100
+    t = commprof.load(out)
+    assert t.meta["framework"] == "none" and t.meta["world_size"] == 1 and t.meta["model"] == "resnet18"
+    ev = t.events()
+    m = ev[ev["category"].astype(str) == "metric"].groupby(ev["name"].astype(str))["value"].last()
+    assert {"loss", "lr", "top1", "top5", "samples_per_s"} <= set(m.index), m
+    assert 0 <= m["top1"] <= m["top5"] <= 100 and m["samples_per_s"] > 0 and m["loss"] > 0

@@ -54,22 +54,26 @@ def _check_ddp(out, res, world):
     return run, ev
 
 
-def test_torchrun_two_ranks(record):
-    proc, out = record(["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
-                        "--steps", str(STEPS)])
+def test_the_quick_start_records_torchrun_with_four_ranks(record):
+    """The README's first command (the docs' front page shows it too), its
+    train.py a tiny DDP model."""
+    script = [TINY, "--result-dir", "{res}", "--steps", str(STEPS)]
+    options, cmd = documented_record("README.md", "torchrun --nproc_per_node 4", script=script)
+    assert documented_record("docs/index.md", "torchrun --nproc_per_node 4", script=script) == (options, cmd)
+    proc, out = record(cmd, *options)
     assert proc.returncode == 0, proc.stderr
     res = proc.results
-    assert set(res) == {0, 1}
-    run, ev = _check_ddp(out, res, 2)
+    assert set(res) == {0, 1, 2, 3}
+    run, ev = _check_ddp(out, res, 4)
     assert run.meta["launcher"] == "torchrun"
     assert run.meta["framework"] == "ddp"
     assert run.meta["backend"] == "gloo"
-    # Python-issued collectives after training are recorded too, with the same seq on both ranks.
+    # Python-issued collectives after training are recorded too, with the same seq on every rank.
     py = ev[ev["source"] == "torch.distributed"]
     assert set(py["name"]) == {"broadcast", "all_reduce", "barrier"}  # broadcast: DDP construction
-    a = py[py["rank"] == 0][["name", "seq", "bytes"]].reset_index(drop=True)
-    b = py[py["rank"] == 1][["name", "seq", "bytes"]].reset_index(drop=True)
-    assert a.equals(b)
+    first = py[py["rank"] == 0][["name", "seq", "bytes"]].reset_index(drop=True)
+    for r in (1, 2, 3):
+        assert first.equals(py[py["rank"] == r][["name", "seq", "bytes"]].reset_index(drop=True)), r
     assert (py[py["name"] == "all_reduce"]["bytes"] == 4 * STEPS).all()
 
 
