@@ -47,7 +47,8 @@ def int_codes(values) -> tuple:
     lo, hi = int(v.min()), int(v.max())
     if hi - lo > max(4 * len(v), 1 << 16):
         return np.unique(v, return_inverse=True)
-    present = np.bincount(v - lo, minlength=hi - lo + 1) > 0
-    rank = np.cumsum(present) - 1
-    return (np.flatnonzero(present) + lo).astype(v.dtype), rank[v - lo]
+    shifted = v - lo if lo else v           # values from 0 (ranks, steps): no copy of the rows
+    present = np.bincount(shifted, minlength=hi - lo + 1) > 0
+    rank = (np.cumsum(present) - 1).astype(np.int32 if hi - lo < (1 << 31) else np.int64)  # codes: 4 B per row
+    return (np.flatnonzero(present) + lo).astype(v.dtype), rank[shifted]
 

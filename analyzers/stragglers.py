@@ -86,7 +86,8 @@ def cells(unit: np.ndarray, step: np.ndarray):
     matrix): shared by the metrics of one set of rows."""
     units, ui = int_codes(unit)
     steps, si = int_codes(step)
-    cell = si.astype(np.int64) * len(units)
+    wide = len(steps) * len(units) >= (1 << 31)
+    cell = si.astype(np.int64 if wide else np.int32) * len(units)      # 4 B per row where the cells allow
     del si
     cell += ui
     return units, len(steps), cell
