@@ -54,20 +54,21 @@ def others_median(m: np.ndarray) -> np.ndarray:
     steps, n = m.shape
     if n < 2:
         return np.full_like(m, np.nan, dtype=np.float64)
-    order = np.argsort(m, axis=1, kind="stable")
-    srt = np.take_along_axis(m, order, axis=1)
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.arange(n)[None, :].repeat(steps, axis=0), axis=1)
+    others = n - 1
+    ks = [others // 2] if others % 2 else [others // 2 - 1, others // 2]
+    # the row's order statistics k and k + 1 (a partition, not a sort)
+    part = np.partition(m, sorted({k + i for k in ks for i in (0, 1)}), axis=1)
 
     def kth_of_others(k: int) -> np.ndarray:
-        # the k-th (0-based) smallest of the others: skip the unit's own slot
-        idx = np.where(pos > k, k, k + 1)
-        return np.take_along_axis(srt, idx, axis=1)
+        # the k-th (0-based) smallest of the others: the row's k-th where the
+        # unit's own value lies above it, else the (k + 1)-th (a value equal
+        # to the k-th: the two are then equal, or the unit sits at or below k)
+        at, above = part[:, k:k + 1], part[:, k + 1:k + 2]
+        return np.where(m > at, at, above)
 
-    others = n - 1
-    if others % 2:
-        return kth_of_others(others // 2)
-    return 0.5 * (kth_of_others(others // 2 - 1) + kth_of_others(others // 2))
+    if len(ks) == 1:
+        return kth_of_others(ks[0])
+    return 0.5 * (kth_of_others(ks[0]) + kth_of_others(ks[1]))
 
 
 def wide(values: pd.DataFrame):
@@ -119,9 +120,10 @@ def sign_tests(values, scale: float = 1e6) -> pd.DataFrame:
     med = others_median(m) / scale
     d = m / scale - med
     k = (d > 0).sum(axis=0)
-    srt = np.sort(d, axis=0)
-    excess = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])     # the median, read off the sort
     j = ev.median_rank(n)
+    # per unit, the order statistics the median and its interval read (a partition, not a sort)
+    srt = np.partition(d, sorted({n // 2, max(n // 2 - 1, 0), j - 1 if j else 0, n - j if j else n - 1}), axis=0)
+    excess = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])     # the median
     lo, hi = (srt[j - 1], srt[n - j]) if j else (srt[0], srt[-1])
     needed = ev.min_trials(0.5, members)
     p = np.array([ev.bonferroni(ev.binomial_sf(int(x), n, 0.5), members) for x in k])
