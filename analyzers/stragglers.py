@@ -84,24 +84,22 @@ def wide_of(unit: np.ndarray, step: np.ndarray, v: np.ndarray):
 
 def cells(unit: np.ndarray, step: np.ndarray):
     """(units, number of steps, each row's cell of the steps x units
-    matrix): shared by the metrics of one set of rows."""
+    matrix, the rows per cell): shared by the metrics of one set of rows."""
     units, ui = int_codes(unit)
     steps, si = int_codes(step)
-    wide = len(steps) * len(units) >= (1 << 31)
-    cell = si.astype(np.int64 if wide else np.int32) * len(units)      # 4 B per row where the cells allow
+    cell = si.astype(np.intp) * len(units)       # bincount's index type: no copy per metric
     del si
     cell += ui
-    return units, len(steps), cell
+    cnt = np.bincount(cell, minlength=len(steps) * len(units)).astype(np.float64)
+    return units, len(steps), cell, cnt
 
 
 def wide_at(where, v: np.ndarray):
     """:func:`wide` of the values ``v`` of rows placed by :func:`cells`."""
-    units, n_steps, cell = where
-    size = n_steps * len(units)
-    tot = np.bincount(cell, weights=v, minlength=size).reshape(n_steps, -1)
-    cnt = np.bincount(cell, minlength=size).reshape(n_steps, -1).astype(np.float64)
+    units, n_steps, cell, cnt = where
+    tot = np.bincount(cell, weights=v, minlength=len(cnt)).reshape(n_steps, -1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        m = tot / cnt
+        m = tot / cnt.reshape(n_steps, -1)
     return units, m[~np.isnan(m).any(axis=1)]
 
 
