@@ -119,8 +119,10 @@ def sign_tests(values, scale: float = 1e6) -> pd.DataFrame:
     d = m / scale - med
     k = (d > 0).sum(axis=0)
     j = ev.median_rank(n)
-    # per unit, the order statistics the median and its interval read (a partition, not a sort)
-    srt = np.partition(d, sorted({n // 2, max(n // 2 - 1, 0), j - 1 if j else 0, n - j if j else n - 1}), axis=0)
+    # per unit, the order statistics the median and its interval read (a partition, not a
+    # sort; each unit's steps made contiguous first)
+    kth = sorted({n // 2, max(n // 2 - 1, 0), j - 1 if j else 0, n - j if j else n - 1})
+    srt = np.partition(np.ascontiguousarray(d.T), kth, axis=1).T
     excess = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])     # the median
     lo, hi = (srt[j - 1], srt[n - j]) if j else (srt[0], srt[-1])
     needed = ev.min_trials(0.5, members)
