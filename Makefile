@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.commprof-installed
 BASE := $(VENV)/.commprof-base
+# C++ ops torch and DeepSpeed build on first use, kept per environment
+# (another checkout's venv has other source paths and would rebuild them)
+EXT := $(CURDIR)/$(VENV)/torch_extensions
+OPS := $(VENV)/.commprof-ops
 DEMO_DIR ?= commprof-demo
 PYTEST_ARGS ?= --durations=25
 
@@ -28,7 +32,16 @@ $(STAMP): $(PY) setup.cfg pyproject.toml requirements-torch.txt requirements-tes
 	$(PIP) install -q -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# On a machine without a GPU DeepSpeed builds its CPU shared-memory op at
+# every job's start until it is built (~20 s on 2 cores): built here, with
+# the venv's ninja on PATH as the tests' jobs have it (another ninja keeps
+# another build log: the jobs would build it again).
+$(OPS): $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR=$(EXT) $(PY) -c "from deepspeed.accelerator \
+		import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
+	touch $(OPS)
+
+install: $(STAMP) $(OPS)
 
 # Record the default workload (ResNet-18, DDP, 2 CPU ranks, gloo), print the
 # report and write report files into $(DEMO_DIR)/report/.
@@ -50,9 +63,9 @@ docs: $(STAMP)
 	$(PY) docs/tools/gen_architecture.py
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
-test: $(STAMP) lint
+test: $(STAMP) $(OPS) lint
 	bash .ci/install_system.sh
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$$HOME/.cache/commprof/torch_extensions}" \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$(EXT)}" \
 		$(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerate the golden reports of tests/golden/ (review the diff like code).

@@ -18,8 +18,8 @@ def venv_env(extra=None):
     env["PYTHONUNBUFFERED"] = "1"
     # a native crash (SIGABRT, SIGSEGV) prints every thread's Python stack
     env["PYTHONFAULTHANDLER"] = "1"
-    # DeepSpeed JIT-compiles an op on first use: keep it between runs
-    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/commprof/torch_extensions"))
+    # DeepSpeed JIT-compiles an op on first use: kept with the environment (make install builds it)
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
     if extra:
         env.update(extra)
     return env
