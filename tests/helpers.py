@@ -1,8 +1,10 @@
 """What the tests share besides fixtures: the repository's paths, the
 environment a launched process gets, and ways to run commprof and read a
-workload's results. Fixtures stay in conftest.py."""
+workload's results, the commands the docs show. Fixtures stay in conftest.py."""
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -84,8 +86,45 @@ def run_in_pty(cmd, columns=100, env=None, timeout=240):
     return proc.wait(), out.decode("utf-8", "replace")
 
 
+# -- the commands the docs show ----------------------------------------------
+#: pages whose commands are checked (the CLI reference is generated from the parser itself)
+PAGES = ["README.md"] + sorted(p for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+                               if os.path.basename(p) not in ("cli.md", "benchmarks.md", "changelog.md"))
 #: the user's scripts the docs' commands name, which a test replaces by one of its own
 DOC_SCRIPTS = ("train.py", "train_hvd.py", "train_ds.py", "train_with_dali.py", "train_with_mp_spawn.py")
+
+
+def documented(pages=None):
+    """(page:line, command) of every commprof command in a shell block of
+    ``pages`` (paths from the repository root; default PAGES), and in the
+    example column of the README's table of commands."""
+    out = []
+    for page in [os.path.join(ROOT, p) for p in pages] if pages else PAGES:
+        lines = open(page).read().splitlines()
+        inside, lang, i = False, "", 0
+        while i < len(lines):
+            m = re.match(r"^\s*```(\w*)", lines[i])
+            if m:
+                inside, lang = not inside, m.group(1)
+            elif inside and lang in ("sh", "bash", "shell", "console", ""):
+                s = lines[i].strip()
+                s = s[2:] if s.startswith("$ ") else s
+                if s.startswith("commprof "):
+                    where = f"{os.path.relpath(page, ROOT)}:{i + 1}"
+                    while s.endswith("\\") and i + 1 < len(lines):
+                        i += 1
+                        s = s[:-1] + " " + lines[i].strip()
+                    out.append((where, s))
+            elif not inside and lines[i].startswith("|") and page.endswith("README.md"):
+                # the example column of the README's table of commands
+                for m in re.finditer(r"`(commprof [^`]+)`", lines[i].split("|")[-2] if lines[i].count("|") > 2 else ""):
+                    out.append((f"{os.path.relpath(page, ROOT)}:{i + 1}", m.group(1)))
+            i += 1
+    return out
+
+
+def strip_comment(cmd: str) -> str:
+    return re.sub(r"\s+#\s.*$", "", cmd).strip()
 
 
 def documented_record(page, contains, script=None):
@@ -95,14 +134,11 @@ def documented_record(page, contains, script=None):
     user's script (one of DOC_SCRIPTS) replaced by ``script`` (a list: a
     test workload and its arguments). tests/e2e/test_doc_commands.py finds
     these calls and counts their commands as run."""
-    import re
     import shlex
 
-    with open(os.path.join(ROOT, page)) as fh:
-        lines = [s.strip() for s in fh.read().replace("\\\n", " ").splitlines()]
-    found = [s for s in lines if s.startswith("commprof record ") and contains in s]
+    found = [c for _, c in documented([page]) if c.startswith("commprof record ") and contains in c]
     assert len(found) == 1, f"{page}: {len(found)} record commands contain {contains!r}"
-    words = shlex.split(re.sub(r"\s+#\s.*$", "", found[0]))
+    words = shlex.split(strip_comment(found[0]))
     sep = words.index("--")
     options, cmd = words[2:sep], words[sep + 1:]
     if "-o" in options:

@@ -22,14 +22,11 @@ import sys
 
 import pytest
 
-from helpers import ROOT, venv_env
+from helpers import ROOT, documented, strip_comment as _strip_comment, venv_env
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import tracegen  # noqa: E402
 
-#: pages whose commands are checked (the CLI reference is generated from the parser itself)
-PAGES = ["README.md"] + sorted(p for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
-                               if os.path.basename(p) not in ("cli.md", "benchmarks.md", "changelog.md"))
 #: names the docs use for a recorded run; the test writes one trace and gives it every name
 RUN_NAMES = ("run", "run1", "run_a", "run_b", "trace.parquet")
 #: names of runs at a GPU count (their traces have that many ranks)
@@ -46,37 +43,6 @@ NO_RUN = [
     (re.compile(r"^commprof import kineto /shared"), "needs the user's Dask scheduler (tests/convert runs --dask)"),
     (re.compile(r"^commprof predict /tmp/"), "needs the traces benchmarks/predict_validate.py writes"),
 ]
-
-
-def documented():
-    """(page:line, command) of every commprof command in a shell block."""
-    out = []
-    for page in PAGES:
-        lines = open(page).read().splitlines()
-        inside, lang, i = False, "", 0
-        while i < len(lines):
-            m = re.match(r"^\s*```(\w*)", lines[i])
-            if m:
-                inside, lang = not inside, m.group(1)
-            elif inside and lang in ("sh", "bash", "shell", "console", ""):
-                s = lines[i].strip()
-                s = s[2:] if s.startswith("$ ") else s
-                if s.startswith("commprof "):
-                    where = f"{os.path.relpath(page, ROOT)}:{i + 1}"
-                    while s.endswith("\\") and i + 1 < len(lines):
-                        i += 1
-                        s = s[:-1] + " " + lines[i].strip()
-                    out.append((where, s))
-            elif not inside and lines[i].startswith("|") and page.endswith("README.md"):
-                # the example column of the README's table of commands
-                for m in re.finditer(r"`(commprof [^`]+)`", lines[i].split("|")[-2] if lines[i].count("|") > 2 else ""):
-                    out.append((f"{os.path.relpath(page, ROOT)}:{i + 1}", m.group(1)))
-            i += 1
-    return out
-
-
-def _strip_comment(cmd: str) -> str:
-    return re.sub(r"\s+#\s.*$", "", cmd).strip()
 
 
 def _is_synopsis(cmd: str) -> bool:
