@@ -98,6 +98,10 @@ def fit_trace(comm: pd.DataFrame, hosts: Optional[Dict[int, str]] = None) -> Dic
         fitted = fit(per_size.index.to_numpy(np.float64), per_size.to_numpy())
         for p in fitted:
             p.update({"group_size": int(n), "scope": sc, "calls": int(len(use)), "points_from": kind})
+            if not np.isfinite(p["beta_Bps"]):
+                notes.append(f"{op} ({dtype}, {int(n)} ranks, {sc}): time does not grow with size from "
+                             f"{int(p['min_bytes']):,} to {int(p['max_bytes']):,} B: beta not resolved "
+                             f"(latency-bound there; alpha {p['alpha_s'] * 1e6:.1f} us)")
         ops.setdefault(op, {})[dtype] = fitted
         for p in fitted:
             pieces.append({"op": op, "dtype": dtype, "group_size": int(n), "scope": sc,

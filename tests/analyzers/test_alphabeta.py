@@ -48,3 +48,23 @@ def test_parameters_stay_physical_on_noisy_data():
     assert p["alpha_s"] >= 0 and p["beta_Bps"] > 0
     flat = fit_line([8, 16, 32, 64], [10e-6, 9e-6, 10e-6, 9.5e-6])  # latency only
     assert flat["alpha_s"] > 0 and flat["beta_Bps"] > 0
+
+
+def test_a_trace_whose_times_do_not_grow_with_size_states_beta_unresolved():
+    """Collectives of a run where larger messages are no slower (queued
+    asynchronous buckets): the model keeps alpha and says beta is not resolved
+    in its note instead of showing a bandwidth it did not measure."""
+    import pandas as pd
+
+    from commprof.analyzers.model import fit_trace
+
+    rows = []
+    for seq, (size, us) in enumerate([(1 << 16, 900), (1 << 18, 850), (1 << 20, 800), (1 << 22, 700)]):
+        for rank in (0, 1):
+            rows.append({"name": "all_reduce", "rank": rank, "seq": seq, "group": "0", "group_size": 2,
+                         "bytes": size, "dtype": "torch.float32", "blocking": False, "detail": "",
+                         "t_start": 1_000_000 * seq, "t_end": 1_000_000 * seq + us * 1000})
+    m = fit_trace(pd.DataFrame(rows))
+    (piece,) = m["pieces"]
+    assert piece["beta_GBps"] == float("inf") and piece["alpha_us"] > 0
+    assert "all_reduce (float, 2 ranks, intra-node)" in m["note"] and "beta not resolved" in m["note"]

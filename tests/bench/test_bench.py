@@ -112,8 +112,14 @@ def test_model_of_a_training_run_and_mixing_is_refused(tmp_path):
     m = run(commprof_cmd("model", out, "--format", "json"))
     assert m.returncode == 0, m.stderr
     doc = json.loads(m.stdout)
-    rows = doc["tables"]["model"]
-    assert any(r["op"] == "all_reduce" and r["beta_GBps"] > 0 for r in rows), rows
+    rows = [r for r in doc["tables"]["model"] if r["op"] == "all_reduce"]
+    assert rows and all(r["points"] >= 2 and r["alpha_us"] >= 0 for r in rows), rows
+    # a short CPU run's bucket times may not grow with size (queued asynchronous calls): then the
+    # model says beta is not resolved rather than showing a bandwidth it did not measure
+    unresolved = [r for r in rows if r["beta_GBps"] is None]
+    assert all(r["beta_GBps"] > 0 for r in rows if r not in unresolved), rows
+    if unresolved:
+        assert any("all_reduce" in n and "beta not resolved" in n for n in doc["notes"]), doc["notes"]
     b = tmp_path / "bt"
     assert run(commprof_cmd("bench", "--nproc", "2", "--ops", "all_reduce", "--max-bytes", "1K", "--iters", "2",
                             "--warmup", "1", "-o", str(b)), timeout=300).returncode == 0
