@@ -152,3 +152,45 @@ def documented_record(page, contains, script=None):
     else:
         assert not users, f"{page}: {found[0]!r} names the user's script {users[0]}: give one"
     return options, cmd
+
+
+def documented_scaled(page, contains, why, *, script=None, values=None, outputs=None, add=(), shell=False):
+    """The ``commprof ...`` command that ``page`` shows containing
+    ``contains`` (exactly one), as the words after ``commprof``, run at a
+    size this machine holds: ``values`` gives an option's value here
+    ({option: value}, the option's first occurrence: ``-n 64`` becomes
+    ``-n 2``), ``outputs`` the files and folders the command writes
+    ({the docs' name: the test's path}), ``add`` options placed before the
+    launcher's ``--`` (sizes, iterations), ``script`` stands for the user's
+    script (one of DOC_SCRIPTS). ``why`` says what the substitutions are
+    for. Everything else is as written: the subcommand, its other options,
+    the launcher and its options. tests/e2e/test_doc_commands.py finds
+    these calls and counts their commands as run, scaled."""
+    import shlex
+
+    assert why, "say why the command runs scaled"
+    found = [c for _, c in documented([page]) if contains in c]
+    assert len(found) == 1, f"{page}: {len(found)} commands contain {contains!r}"
+    if shell:       # a command line with the shell's own syntax ($(...)): run by bash, outputs replaced
+        assert not (values or add or script), "a shell command line takes outputs only"
+        line = strip_comment(found[0])
+        for name, path in (outputs or {}).items():
+            assert re.search(rf"(?<![\w/.]){re.escape(name)}(?![\w/.])", line), f"{page}: {line!r} writes no {name}"
+            line = re.sub(rf"(?<![\w/.]){re.escape(name)}(?![\w/.])", str(path), line)
+        return line
+    words = shlex.split(strip_comment(found[0]))[1:]
+    for option, value in (values or {}).items():
+        assert option in words, f"{page}: {found[0]!r} has no {option}"
+        words[words.index(option) + 1] = str(value)
+    for name, path in (outputs or {}).items():      # after the subcommand (`bench -o bench`)
+        assert name in words[1:], f"{page}: {found[0]!r} writes no {name}"
+        words[words.index(name, 1)] = str(path)
+    users = [w for w in words if w in DOC_SCRIPTS]
+    if script is not None:
+        assert len(users) == 1, f"{page}: {found[0]!r} names no user's script to replace"
+        i = words.index(users[0])
+        words = words[:i] + list(script) + words[i + 1:]
+    else:
+        assert not users, f"{page}: {found[0]!r} names the user's script {users[0]}: give one"
+    sep = words.index("--") if "--" in words else len(words)
+    return words[:sep] + [str(a) for a in add] + words[sep:]

@@ -4,21 +4,33 @@ import json
 import pytest
 
 from commprof.convert.nccltests import bandwidths, bus_factor
-from helpers import commprof_cmd, run
+from helpers import commprof_cmd, documented_scaled, run
 
 pytestmark = pytest.mark.slow  # launches torchrun
 
 
+#: sizes and iterations of a check, not of a measurement
+SMALL = ["--max-bytes", "256K", "--iters", "3", "--warmup", "1"]
+
+
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_every_op_and_size_is_right(tmp_path, nproc):
+    """The bench guide's first and third commands (every collective on 2
+    ranks; all_reduce on 4 with its JSON and model), up to 256 KiB."""
     out, model = tmp_path / "b.json", tmp_path / "m.json"
-    proc = run(commprof_cmd("bench", "--nproc", str(nproc), "--max-bytes", "256K", "--iters", "3", "--warmup", "1",
-                            "--json", str(out), "--model", str(model)), timeout=300)
+    if nproc == 2:
+        words = documented_scaled("docs/bench.md", "bench --nproc 2", "sizes of a check",
+                                  add=SMALL + ["--json", out, "--model", model])
+    else:
+        words = documented_scaled("docs/bench.md", "bench --nproc 4 --ops all_reduce", "sizes of a check",
+                                  outputs={"b.json": out, "model.json": model}, add=SMALL)
+    proc = run(commprof_cmd(*words), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["world_size"] == nproc and doc["backend"] == "gloo"
     ops = {r["op"] for r in doc["rows"]}
-    assert ops == {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"}
+    assert ops == ({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"} if nproc == 2
+                   else {"all_reduce"})
     for r in doc["rows"]:
         modes = [m for m in ("out_of_place", "in_place") if r[m]]
         assert modes and all(r[m]["wrong"] == 0 and r[m]["time_us"] > 0 for m in modes), r
@@ -120,9 +132,11 @@ def test_model_of_a_training_run_and_mixing_is_refused(tmp_path):
     assert all(r["beta_GBps"] > 0 for r in rows if r not in unresolved), rows
     if unresolved:
         assert any("all_reduce" in n and "beta not resolved" in n for n in doc["notes"]), doc["notes"]
-    b = tmp_path / "bt"
-    assert run(commprof_cmd("bench", "--nproc", "2", "--ops", "all_reduce", "--max-bytes", "1K", "--iters", "2",
-                            "--warmup", "1", "-o", str(b)), timeout=300).returncode == 0
+    b = tmp_path / "bt"     # the README's bench command, one collective and small sizes
+    words = documented_scaled("README.md", "bench -o bench --nproc 2", "one collective, sizes of a check",
+                              outputs={"bench": b}, add=["--ops", "all_reduce", "--max-bytes", "1K", "--iters", "2",
+                                                         "--warmup", "1"])
+    assert run(commprof_cmd(*words), timeout=300).returncode == 0
     mixed = run(commprof_cmd("report", out, str(b)))
     assert mixed.returncode == 2 and "reported on their own" in mixed.stderr
 
@@ -136,10 +150,14 @@ def test_pairs_bench_writes_a_trace_that_reports_the_same_pairs(tmp_path):
     import commprof
     from commprof.analyzers.report import pairs_report
 
-    out, js = tmp_path / "pairs", tmp_path / "pairs.json"
-    proc = run(commprof_cmd("bench", "--pairs", "--nproc", "3", "--iters", "3", "--warmup", "1",
-                            "--pairs-bytes", "1M", "-o", str(out), "--json", str(js)), timeout=300)
+    out, js, html = tmp_path / "pairs", tmp_path / "pairs.json", tmp_path / "pairs.html"
+    # the bench guide's pairs command at 3 ranks (every rank idle in one round), small sizes, a trace too
+    words = documented_scaled("docs/bench.md", "--pairs --nproc 4", "3 ranks, sizes of a check, a trace",
+                              values={"--nproc": 3}, outputs={"pairs.json": js, "pairs.html": html},
+                              add=["--iters", "3", "--warmup", "1", "--pairs-bytes", "1M", "-o", out])
+    proc = run(commprof_cmd(*words), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "<svg" in html.read_text() or "<table" in html.read_text()
     t = commprof.load(str(out))
     assert t.meta["source"] == "bench" and t.meta["bench_mode"] == "pairs"
     ev = t.events()

@@ -1,12 +1,13 @@
 """commprof under a real (local, one-node) SLURM: srun inside commprof
 record, and commprof record inside srun (one per task, one shared folder)."""
+import json
 import os
 import sys
 
 import pytest
 
 import commprof
-from helpers import ROOT, commprof_cmd, documented_record, run, venv_env
+from helpers import ROOT, commprof_cmd, documented_record, documented_scaled, run, venv_env
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +33,51 @@ def test_record_around_srun(local_slurm, tmp_path):
     jobs = {m["slurm_job_id"] for m in t.ranks}
     assert len(jobs) == 1 and jobs.pop().isdigit()
     assert t.report().tables["breakdown"].frame["gpus"].tolist() == [2]
+
+
+def test_record_around_srun_that_allocates_its_own_job(local_slurm, tmp_path):
+    """The README's and the recording guide's srun example (64 tasks there,
+    2 on this one node): srun outside any allocation makes its own job;
+    every task is a rank of the record."""
+    out = str(tmp_path / "rec")
+    env = local_slurm.env(venv_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29713"}))
+    words = documented_scaled("README.md", "srun -n 64 python train.py", "2 tasks on one node",
+                              values={"-n": 2}, outputs={"run": out}, script=[MULTI, "--steps", "6"])
+    assert documented_scaled("docs/recording.md", "srun -n 64 python train.py", "2 tasks on one node",
+                             values={"-n": 2}, outputs={"run5": out}, script=[MULTI, "--steps", "6"]) == words
+    proc = run(commprof_cmd(*words), env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = commprof.load(out)
+    assert t.meta["world_size"] == 2 and t.meta["ranks_recorded"] == 2 and t.meta["launcher"] == "srun"
+    assert len({m["slurm_job_id"] for m in t.ranks}) == 1
+
+
+def test_bench_through_srun(local_slurm, tmp_path):
+    """`commprof bench -- srun ...` (the README's and the bench guide's
+    cluster commands: 16 nodes x 8 tasks there, one node x 2 tasks here):
+    the pairs bench and the collective bench take their ranks from srun."""
+    env = local_slurm.env(venv_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29715"}))
+    js = tmp_path / "pairs.json"
+    shape = {"-N": 1, "--ntasks-per-node": 2}
+    pairs = ["--iters", "3", "--warmup", "1", "--pairs-bytes", "256K", "--json", js]
+    words = documented_scaled("README.md", "--pairs -- srun -N 16", "one node, 2 tasks; sizes of a check",
+                              values=shape, add=pairs)
+    assert documented_scaled("docs/bench.md", "--pairs -- srun -N 16", "one node, 2 tasks; sizes of a check",
+                             values=shape, add=pairs) == words
+    proc = run(commprof_cmd(*words), env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(js.read_text())
+    assert doc["world_size"] == 2 and {(s["a"], s["b"]) for s in doc["samples"]} == {(0, 1)}
+    b = tmp_path / "b.json"
+    words = documented_scaled("docs/bench.md", "--max-bytes 4G -- srun", "one node, 2 tasks; sizes of a check",
+                              values={"--max-bytes": "64K", **shape}, add=["--iters", "3", "--warmup", "1",
+                                                                            "--json", b])
+    env["MASTER_PORT"] = "29717"
+    proc = run(commprof_cmd(*words), env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(b.read_text())
+    assert doc["world_size"] == 2 and max(r["bytes"] for r in doc["rows"]) == 64 * 1024
+    assert all(r[m]["wrong"] == 0 for r in doc["rows"] for m in ("out_of_place", "in_place") if r[m])
 
 
 def test_srun_starts_one_record_per_task_around_torchrun(local_slurm, tmp_path):

@@ -247,14 +247,18 @@ def test_unexpected_field_types_fall_back_to_the_general_converter(tmp_path):
 
 
 @pytest.mark.slow
-def test_workers_and_dask_give_the_same_trace_and_report(tmp_path):
-    """--workers 2 (processes) and --dask (a LocalCluster with 2 workers) write
-    the same trace as one process, and the same report."""
+def test_workers_and_dask_give_the_same_trace_and_report(local_slurm, tmp_path):
+    """--workers 2 (processes) and --dask write the same trace as one
+    process, and the same report. The Dask side is the GPU guide's recipe on
+    the local SLURM: a scheduler writing its file into $HOME, srun starting
+    the workers (one node, 2 workers here; 8 nodes there), the guide's
+    import command reading the address from that file."""
     import pyarrow.parquet as pq
 
     import importlib.util
     import subprocess
-    import sys
+
+    from helpers import documented_scaled, venv_env
 
     outs = {}
     for how, extra in (("one", ["--workers", "1"]), ("two", ["--workers", "2"])):
@@ -262,15 +266,26 @@ def test_workers_and_dask_give_the_same_trace_and_report(tmp_path):
         assert main(["import", "kineto", DATA, "-o", outs[how], *extra]) == 0
     if importlib.util.find_spec("distributed") is None:
         pytest.skip("the 'distributed' package is not installed")
-    # the Dask side in its own process (importing distributed installs import hooks)
     outs["dask"] = str(tmp_path / "dask.parquet")
-    script = (
-        "import sys, distributed\n"
-        "from commprof.cli import main\n"
-        "with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,\n"
-        "                              dashboard_address=None) as c:\n"
-        f"    sys.exit(main(['import', 'kineto', {DATA!r}, '-o', {outs['dask']!r}, '--dask', c.scheduler_address]))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    env = local_slurm.env(venv_env({"HOME": str(tmp_path)}))
+    sched = str(tmp_path / "sched.json")
+    started = [subprocess.Popen(["dask", "scheduler", "--scheduler-file", sched, "--port", "0",
+                                 "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)]
+    try:
+        started.append(subprocess.Popen(["srun", "-N", "1", "--ntasks-per-node", "1", "dask", "worker",
+                                         "--scheduler-file", sched, "--nworkers", "2", "--nthreads", "1",
+                                         "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True))
+        line = documented_scaled("docs/gpu.md", "--dask $(python", "one node, 2 workers; the repository's files",
+                                 outputs={"/shared/profiles": DATA, "/shared/trace.parquet": outs["dask"]}, shell=True)
+        # the scheduler file exists before the import reads it, as on the launch node
+        proc = subprocess.run(["bash", "-c", f"until [ -s {sched} ]; do sleep 0.2; done; {line}"], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        for p in reversed(started):
+            os.killpg(p.pid, 15)
+            p.wait(timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref = _frame(pq.read_table(outs["one"]))
     import commprof

@@ -5,13 +5,17 @@ subcommand that exists, and every command that reads traces, logs or
 profiler files runs and exits 0: report, export, diff, predict, model,
 merge and import, on traces written here (``run``, ``run1`` ... stand for a
 4-rank DDP run; ``run2`` / ``run4`` / ``run8`` for runs at those GPU counts;
-``ddp/``, ``hvd/``, ``ds/`` for runs of those frameworks; a folder of
+``ddp/``, ``hvd/``, ``ds/`` for runs of those frameworks; a study of
+runs at 2, 4 and 8 ranks for benchmarks/predict_validate.py's; a folder of
 unmerged shards for ``merge``), Kineto files written by
 benchmarks/kineto_gen.py, and the repository's nccl-tests logs for the
 user's. The quick start's record command and those of the recording,
 frameworks, failures and multi-node guides run in the end-to-end tests that record such jobs, as the docs show them
 (``helpers.documented_record``: the user's script replaced by a test
-workload); what else launches training or ranks (record, sweep, bench) says
+workload); the srun examples, the bench commands, the README's sweep and
+the multi-node guide's by-hand cluster command run at a size this machine
+holds (``helpers.documented_scaled``: option values, outputs and added
+options given in the call, with why); what else launches training says
 why it does not run here, by rule below."""
 import glob
 import os
@@ -31,6 +35,9 @@ import tracegen  # noqa: E402
 RUN_NAMES = ("run", "run1", "run_a", "run_b", "trace.parquet")
 #: names of runs at a GPU count (their traces have that many ranks)
 SIZED_RUNS = {"run2": 2, "run4": 4, "run8": 8}
+#: studies benchmarks/predict_validate.py writes (real ResNet runs at 1 to 8 ranks): here a study
+#: of synthetic runs at 2, 4 and 8 ranks stands for them
+STUDIES = ("/tmp/commprof-predict-validate/resnet50", "/tmp/commprof-predict-validate/resnet18")
 #: names of runs of one framework
 FRAMEWORK_RUNS = {"ddp/": "ddp", "hvd/": "horovod", "ds/": "deepspeed"}
 #: the user's files the docs name, and what stands for them here
@@ -38,10 +45,10 @@ USER_FILES = {"all_reduce_perf.log": os.path.join("tests", "fixtures", "nccl-tes
                                                   "nccltests309-gjaion_2n_16g_allreduce.log")}
 #: why a command is not run here, by what it needs (the first rule that matches)
 NO_RUN = [
-    (re.compile(r"^commprof (record|sweep)\b"), "launches training (tests/record, tests/e2e/test_sweep.py run it)"),
-    (re.compile(r"^commprof bench\b"), "launches ranks (tests/bench/test_bench.py, tests/cluster run it)"),
-    (re.compile(r"^commprof import kineto /shared"), "needs the user's Dask scheduler (tests/convert runs --dask)"),
-    (re.compile(r"^commprof predict /tmp/"), "needs the traces benchmarks/predict_validate.py writes"),
+    (re.compile(r"^commprof record .*--arch resnet50"),
+     "ResNet-50 on 4 or 8 ranks, sized for GPUs (ResNet-18 records in tests/e2e/test_workloads.py)"),
+    (re.compile(r"^commprof sweep .*workloads/resnet.py"),
+     "six ResNet cells, minutes here (tests/e2e/test_sweep.py runs the README's sweep on a small model)"),
 ]
 
 
@@ -89,6 +96,11 @@ def demo(tmp_path_factory):
     for name, n in SIZED_RUNS.items():
         names[name] = tracegen.write_run(d / f"{name}.parquet",
                                          {r: tracegen.ddp_rank(r, n, 12, arrive_ms=r * 0.2) for r in range(n)})
+    for n in SIZED_RUNS.values():
+        os.makedirs(d / "study" / str(n))
+        tracegen.write_run(d / "study" / str(n) / "trace.parquet",
+                           {r: tracegen.ddp_rank(r, n, 12, arrive_ms=r * 0.2) for r in range(n)})
+    names.update({name: str(d / "study") for name in STUDIES})
     for name, fw in FRAMEWORK_RUNS.items():
         names[name] = tracegen.write_run(d / f"{fw}.parquet", {r: tracegen.ddp_rank(r, 2, 12) for r in range(2)},
                                          meta={"framework": fw})
@@ -110,30 +122,35 @@ def _unmerged(folder) -> str:
     return str(folder)
 
 
-def _claims():
-    """{page:line: test file} of the record commands an end-to-end test runs
-    as the docs show them (``helpers.documented_record(page, text, ...)``:
-    the user's script replaced by a test workload, the output folder the
-    test's)."""
-    call = re.compile(r'documented_record\(\s*"([^"]+)",\s*"([^"]+)"')
+def _claims(function):
+    """{page:line: test file} of the commands a test runs through
+    ``helpers.<function>(page, text, ...)``: ``documented_record``, a record
+    command as the docs show it (the user's script replaced by a test
+    workload, the output folder the test's); ``documented_scaled``, any
+    command at a size this machine holds (option values, outputs and added
+    options given in the call, with why)."""
+    call = re.compile(function + r'\(\s*"([^"]+)",\s*"([^"]+)"')
     found = {}
     for path in sorted(glob.glob(os.path.join(ROOT, "tests", "**", "test_*.py"), recursive=True)):
         for page, text in call.findall(open(path).read()):
-            where = [w for w, c in COMMANDS if w.startswith(page + ":") and c.startswith("commprof record ")
-                     and text in c]
+            where = [w for w, c in COMMANDS if w.startswith(page + ":") and text in c
+                     and (function != "documented_record" or c.startswith("commprof record "))]
             assert len(where) == 1, f"{os.path.relpath(path, ROOT)}: {page} {text!r} names {len(where)} commands"
             found[where[0]] = os.path.relpath(path, ROOT)
     return found
 
 
-CLAIMED = _claims()
+#: run as written (script and output folder the test's)
+CLAIMED = _claims("documented_record")
+#: run scaled to this machine
+SCALED = _claims("documented_scaled")
 
 
 def _runnable():
     out = []
     for where, cmd in COMMANDS:
         cmd = _strip_comment(cmd)
-        if _is_synopsis(cmd) or where in CLAIMED or any(rule.search(cmd) for rule, _ in NO_RUN):
+        if _is_synopsis(cmd) or where in CLAIMED or where in SCALED or any(rule.search(cmd) for rule, _ in NO_RUN):
             continue
         out.append((where, cmd))
     return out
@@ -151,6 +168,10 @@ def test_record_commands_run_as_documented_by_their_tests():
     assert {"README.md", "docs/index.md", "docs/recording.md", "docs/frameworks.md", "docs/failures.md",
             "docs/multi-node.md"} <= pages, CLAIMED
     assert len(CLAIMED) >= 10, CLAIMED
+    # at a size this machine holds: the srun examples, every bench command but none, the README's sweep
+    assert {"README.md", "docs/recording.md", "docs/bench.md", "docs/multi-node.md"} <= \
+        {w.split(":")[0] for w in SCALED}, SCALED
+    assert len(SCALED) >= 11 and not set(SCALED) & set(CLAIMED), SCALED
 
 
 def test_what_is_not_run_says_why_and_the_quick_start_runs():
@@ -161,7 +182,7 @@ def test_what_is_not_run_says_why_and_the_quick_start_runs():
         assert any(c.startswith(f"commprof {sub} ") for c in ran), sub
     for where, cmd in COMMANDS:
         cmd = _strip_comment(cmd)
-        if _is_synopsis(cmd) or cmd in ran or where in CLAIMED:
+        if _is_synopsis(cmd) or cmd in ran or where in CLAIMED or where in SCALED:
             continue
         assert any(rule.search(cmd) for rule, why in NO_RUN if why), f"{where}: `{cmd}` neither runs nor says why"
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import commprof
-from helpers import ROOT, commprof_cmd, run, venv_env
+from helpers import ROOT, commprof_cmd, documented_scaled, run, venv_env
 
 PY = sys.executable
 TINY = os.path.join(ROOT, "tests", "workloads", "tiny.py")
@@ -95,9 +95,13 @@ partition = "gpu"
 
 @pytest.mark.slow
 def test_local_sweep_resumes_and_survives_a_failing_cell(tmp_path):
-    study = str(tmp_path / "study")
-    args = commprof_cmd("sweep", "-o", study, "--nproc", "1,2", "--vary", "hidden=64,x", "--pairs",
-                        "--", PY, TINY, "--steps", "5", "--hidden", "{hidden}")
+    """The README's sweep command (a plan file and -o), the plan a small
+    model's, the varied values given on the command line on top."""
+    study, plan = str(tmp_path / "study"), tmp_path / "study.toml"
+    plan.write_text(f'command = "{PY} {TINY} --steps 5 --hidden {{hidden}}"\nnproc = "1,2"\npairs = true\n')
+    args = commprof_cmd(*documented_scaled("README.md", "sweep study.toml", "a small model's plan",
+                                           outputs={"study.toml": plan, "study": study},
+                                           add=["--vary", "hidden=64,x"]))
     proc = run(args, timeout=400)
     assert proc.returncode == 1, proc.stdout + proc.stderr      # a cell failed; the others ran
     # the pairs bench first (2 ranks on this one node: one pair), its finding in the summary and the report
