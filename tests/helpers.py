@@ -154,16 +154,19 @@ def documented_record(page, contains, script=None):
     return options, cmd
 
 
-def documented_scaled(page, contains, why, *, script=None, values=None, outputs=None, add=(), shell=False):
+def documented_scaled(page, contains, why, *, script=None, values=None, outputs=None, add=(), after=(),
+                      shell=False):
     """The ``commprof ...`` command that ``page`` shows containing
     ``contains`` (exactly one), as the words after ``commprof``, run at a
     size this machine holds: ``values`` gives an option's value here
     ({option: value}, the option's first occurrence: ``-n 64`` becomes
     ``-n 2``), ``outputs`` the files and folders the command writes
     ({the docs' name: the test's path}), ``add`` options placed before the
-    launcher's ``--`` (sizes, iterations), ``script`` stands for the user's
-    script (one of DOC_SCRIPTS). ``why`` says what the substitutions are
-    for. Everything else is as written: the subcommand, its other options,
+    launcher's ``--`` (sizes, iterations), ``after`` arguments appended to
+    the training command (its steps and image size), ``script`` stands for the user's
+    script (one of DOC_SCRIPTS); ``shell``: the command line for bash (its
+    ``$(...)`` kept), outputs replaced only. ``why`` says what the
+    substitutions are for. Everything else is as written: the subcommand, its other options,
     the launcher and its options. tests/e2e/test_doc_commands.py finds
     these calls and counts their commands as run, scaled."""
     import shlex
@@ -172,7 +175,7 @@ def documented_scaled(page, contains, why, *, script=None, values=None, outputs=
     found = [c for _, c in documented([page]) if contains in c]
     assert len(found) == 1, f"{page}: {len(found)} commands contain {contains!r}"
     if shell:       # a command line with the shell's own syntax ($(...)): run by bash, outputs replaced
-        assert not (values or add or script), "a shell command line takes outputs only"
+        assert not (values or add or after or script), "a shell command line takes outputs only"
         line = strip_comment(found[0])
         for name, path in (outputs or {}).items():
             assert re.search(rf"(?<![\w/.]){re.escape(name)}(?![\w/.])", line), f"{page}: {line!r} writes no {name}"
@@ -193,4 +196,6 @@ def documented_scaled(page, contains, why, *, script=None, values=None, outputs=
     else:
         assert not users, f"{page}: {found[0]!r} names the user's script {users[0]}: give one"
     sep = words.index("--") if "--" in words else len(words)
-    return words[:sep] + [str(a) for a in add] + words[sep:]
+    if after:
+        assert sep < len(words), f"{page}: {found[0]!r} runs no command to give arguments to"
+    return words[:sep] + [str(a) for a in add] + words[sep:] + [str(a) for a in after]

@@ -70,3 +70,24 @@ def test_default_run_validates(tmp_path):
     m = ev[ev["category"].astype(str) == "metric"].groupby(ev["name"].astype(str))["value"].last()
     assert {"loss", "lr", "top1", "top5", "samples_per_s"} <= set(m.index), m
     assert 0 <= m["top1"] <= m["top5"] <= 100 and m["samples_per_s"] > 0 and m["loss"] > 0
+
+
+def test_resnet50_records_as_the_guides_show_it(tmp_path):
+    """The recording guide's and the GPU guide's ResNet-50 command (4 and 8
+    GPUs there; 2 CPU ranks, 3 small steps here): torchrun's ranks recorded,
+    the model named, DDP's gradient all_reduces in the report."""
+    import commprof
+    from helpers import commprof_cmd, documented_scaled
+
+    out = str(tmp_path / "run")
+    small = ["--steps", "3", "--image-size", "32", "--samples", "64", "--batch-size", "4", "--no-val"]
+    words = documented_scaled("docs/recording.md", "--arch resnet50", "2 CPU ranks, 3 small steps",
+                              values={"--nproc_per_node": 2}, outputs={"run2": out}, after=small)
+    assert documented_scaled("docs/gpu.md", "--arch resnet50", "2 CPU ranks, 3 small steps",
+                             values={"--nproc_per_node": 2}, outputs={"run": out}, after=small) == words
+    proc = run(commprof_cmd(*words), timeout=400, env=venv_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = commprof.load(out)
+    assert t.meta["world_size"] == 2 and t.meta["ranks_recorded"] == 2 and t.meta["model"] == "resnet50"
+    colls = t.report().tables["collectives"].frame
+    assert (colls["op"] == "all_reduce").any(), colls

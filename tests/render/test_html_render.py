@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from helpers import ROOT, commprof_cmd, run, venv_env
+import commprof
+from helpers import ROOT, commprof_cmd, documented_scaled, run, venv_env
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import check_html_render as chk  # noqa: E402
@@ -54,21 +55,25 @@ def test_the_checks_catch_a_broken_report(chromium, tmp_path):
 @pytest.mark.slow
 def test_demo_report_renders(chromium, tmp_path):
     """What ``make demo`` shows (ResNet-18, DDP, 2 CPU ranks, here with
-    fewer and smaller steps) next to its 1-process run: the report draws in
+    fewer and smaller steps) next to its 1-process run, swept as the sweep
+    guide shows: the report draws in
     both colour schemes; screenshots kept. (Its two CPU ranks share this
     machine's two cores with the launcher, so they need not be equal: one
     was measured 30 ms late in 9 of 9 steps once. Equal and unequal ranks
     by construction are tests/record/test_equal_ranks.py.)"""
     env = venv_env()
-    resnet = [sys.executable, os.path.join(ROOT, "workloads", "resnet.py"), "--steps", "8",
-              "--image-size", "32", "--no-val"]
-    for name, nproc in (("one", None), ("two", "2")):
-        opts = ["--nproc", nproc] if nproc else []
-        proc = run(commprof_cmd("record", "-o", str(tmp_path / name), *opts, "--", *resnet), timeout=400, env=env)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    # the sweep guide's command, one loader at 1 and 2 ranks: the runs make demo records, as one study
+    study = str(tmp_path / "study")
+    words = documented_scaled("docs/sweep-predict.md", "--vary loader=native,dali",
+                              "one loader at 1 and 2 CPU ranks, 8 small steps: the demo's runs",
+                              values={"--nproc": "1,2", "--vary": "loader=native"}, outputs={"study": study},
+                              after=["--steps", "8", "--image-size", "32", "--no-val"])
+    proc = run(commprof_cmd(*words), timeout=400, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     html = str(tmp_path / "report.html")
-    proc = run(commprof_cmd("report", str(tmp_path / "one"), str(tmp_path / "two"), "-o", html), env=env)
+    proc = run(commprof_cmd("report", study, "-o", html), env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(commprof.load(study).report().tables["breakdown"].frame["gpus"]) == [1, 2]
     for dark in (False, True):
         shot = os.path.join(ARTIFACTS, "html", f"demo-{'dark' if dark else 'light'}.png")
         result = chk.check(html, chromium, dark=dark, screenshot=shot)
