@@ -5,6 +5,7 @@
                                                         # gloo, a simulated device
     python3 tests/gpu/gpu_check.py --dry-run --inject skip|missing-trace|device-before-host|orphan
                                                         # a fault on purpose: the verdict must fail
+    python3 tests/gpu/gpu_check.py --recheck --out DIR  # the checks again on DIR's completed runs
 
 Built for its one chance on a borrowed GPU:
 
@@ -82,6 +83,23 @@ def save(out):
     with open(tmp, "w") as fh:
         json.dump(SUMMARY, fh, indent=1, default=str)
     os.replace(tmp, path)
+
+
+def _earlier_runs(out):
+    """The runs an earlier check in ``out`` completed (exit 0, nothing left
+    behind, its log still there), their logs found in ``out`` as it is now
+    (a copied folder included)."""
+    try:
+        with open(os.path.join(out, "gpu_check.json")) as fh:
+            runs = json.load(fh).get("runs") or {}
+    except (OSError, ValueError):
+        return {}
+    done = {}
+    for name, r in runs.items():
+        log = os.path.join(out, f"{name}.log")
+        if r.get("rc") == 0 and not r.get("left_behind") and os.path.exists(log):
+            done[name] = dict(r, log=log)
+    return done
 
 
 def check(out, name, passed, **figures):
@@ -389,7 +407,12 @@ def main():
     p.add_argument("--inject", choices=INJECT, help="dry run: one fault on purpose (the verdict must fail)")
     p.add_argument("--only", help="comma-separated runs of the plan to start (the others are not run: "
                                   "the verdict cannot pass); for testing the check's gates")
+    p.add_argument("--recheck", action="store_true",
+                   help="evaluate the checks again on the runs an earlier check left in --out (their logs, "
+                        "traces and step times), starting only the runs it did not complete: no device time "
+                        "spent twice")
     args = p.parse_args()
+    before = _earlier_runs(args.out) if args.recheck else {}
     if args.inject and not args.dry_run:
         p.error("--inject is for --dry-run only")
     os.makedirs(args.out, exist_ok=True)
@@ -475,8 +498,13 @@ def main():
             save(args.out)
             print(f"run {name}: not run (budget)", flush=True)
             continue
-        ok = run(args.out, name, commands[name], env, timeout,
-                 fault="orphan" if args.inject == "orphan" and name == "r18-plain" else None)
+        if name in before:      # completed by the earlier check: its outputs are read again, not remade
+            SUMMARY["runs"][name] = dict(before[name], rechecked=True)
+            save(args.out)
+            ok = True
+        else:
+            ok = run(args.out, name, commands[name], env, timeout,
+                     fault="orphan" if args.inject == "orphan" and name == "r18-plain" else None)
         if name == "fork-micro":
             check(args.out, "fork after the device was used, under commprof", ok)
         if name == "report":

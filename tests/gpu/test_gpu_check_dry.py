@@ -23,6 +23,13 @@ def dry(tmp_path, *args):
         return proc, json.load(fh)
 
 
+@pytest.fixture(scope="module")
+def full_dry_run(tmp_path_factory):
+    """The whole dry run, once: (its folder, the process, the summary)."""
+    out = tmp_path_factory.mktemp("gpu-dry")
+    return (out, *dry(out))
+
+
 def test_the_plan_fits_the_device_time():
     assert gpu_check.plan_total_s() <= gpu_check.PLAN_LIMIT_S <= 8 * 60
     assert [n for n, _ in gpu_check.PLAN][0] == "nccl-micro"          # the collective truth first
@@ -30,8 +37,8 @@ def test_the_plan_fits_the_device_time():
 
 
 @pytest.mark.slow
-def test_gpu_check_dry_run_passes_and_writes_its_summary(tmp_path):
-    proc, summary = dry(tmp_path)
+def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
+    _, proc, summary = full_dry_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert summary["verdict"] == "pass" and summary["ok"] is True and summary["dry_run"] is True
     assert summary["plan_total_s"] <= gpu_check.PLAN_LIMIT_S
@@ -59,8 +66,19 @@ def test_gpu_check_dry_run_passes_and_writes_its_summary(tmp_path):
     ("device-before-host", "r50-recorded", "r50-rec: device never before host issue", "fail"),
     ("orphan", "r18-plain", "no process outlives its run", "fail"),
 ])
-def test_a_planted_fault_fails_the_verdict_with_its_check_named(tmp_path, fault, only, failing, status):
-    proc, summary = dry(tmp_path, "--inject", fault, "--only", only)
+def test_a_planted_fault_fails_the_verdict_with_its_check_named(full_dry_run, tmp_path, fault, only, failing,
+                                                                status):
+    """Faults in a run's outputs are planted in a copy of the whole dry
+    run's folder, checked again (``--recheck``: the run is not started
+    twice); a fault of the run itself (the orphan) and the skip run it."""
+    import shutil
+
+    args = ["--inject", fault, "--only", only]
+    if fault in ("missing-trace", "device-before-host"):
+        shutil.copytree(full_dry_run[0], tmp_path, dirs_exist_ok=True)
+        args.append("--recheck")
+    proc, summary = dry(tmp_path, *args)
+    assert all(r.get("rechecked") for n, r in summary["runs"].items() if n == only) == ("--recheck" in args)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert summary["verdict"] == "fail"
     assert summary["checks"][failing]["status"] == status, summary["checks"].get(failing)

@@ -1,4 +1,5 @@
 """Recording must tell the truth and change nothing."""
+import re
 import sys
 
 import numpy as np
@@ -48,10 +49,20 @@ def _plain(cmd, tmp_path, name):
     return proc, results(str(res))
 
 
-def test_losses_bit_identical_and_exit_code_preserved(record, tmp_path):
-    cmd = ["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
-           "--steps", "6", "--exit-code", "3"]
-    plain, plain_res = _plain(cmd, tmp_path, "plain")
+#: a 2-rank job whose ranks end with exit code 3; run plain once for the tests that compare with it
+TWO_RANKS_EXIT_3 = ["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}",
+                    "--steps", "6", "--exit-code", "3"]
+
+
+@pytest.fixture(scope="module")
+def plain_two_ranks(tmp_path_factory):
+    """(CompletedProcess, per-rank results) of TWO_RANKS_EXIT_3 without commprof."""
+    return _plain(TWO_RANKS_EXIT_3, tmp_path_factory.mktemp("plain"), "plain")
+
+
+def test_losses_bit_identical_and_exit_code_preserved(record, plain_two_ranks):
+    cmd = TWO_RANKS_EXIT_3
+    plain, plain_res = plain_two_ranks
     proc, out = record(cmd)
     assert plain.returncode != 0
     assert proc.returncode == plain.returncode
@@ -80,16 +91,17 @@ def test_three_ranks_train_bit_identically_on_both_ddp_paths(record, tmp_path):
         assert (b.groupby("rank")["step"].nunique() == 6).all()
 
 
-def test_failing_instruments_disable_themselves(record, tmp_path):
+def test_failing_instruments_disable_themselves(record, plain_two_ranks):
+    """Every instrument failing at once: each logs once per process and
+    disables itself; the losses and the exit code are the plain run's."""
     from commprof.record.instruments import ALL
 
-    cmd = ["torchrun", "--standalone", "--nproc_per_node=2", TINY, "--result-dir", "{res}", "--steps", "5"]
-    plain, plain_res = _plain(cmd, tmp_path, "plain")
+    plain, plain_res = plain_two_ranks
     faults = []
     for name in ALL:
         faults += ["--fault-inject", name]
-    proc, out = record(cmd, *faults)
-    assert proc.returncode == plain.returncode == 0, proc.stderr
+    proc, out = record(TWO_RANKS_EXIT_3, *faults)
+    assert proc.returncode == plain.returncode != 0, proc.stderr     # torchrun's status for a rank's exit 3
     for r in (0, 1):
         assert proc.results[r]["losses"] == plain_res[r]["losses"]
     # what this job imports and runs (CUDA graphs are not captured on CPU)
@@ -98,7 +110,9 @@ def test_failing_instruments_disable_themselves(record, tmp_path):
         lines = [ln for ln in proc.stderr.splitlines() if f"instrument {name!r} disabled" in ln]
         # logged once per process (2 ranks), never a traceback
         assert len(lines) == 2, (name, proc.stderr)
-    assert "Traceback" not in proc.stderr
+    # never a traceback of commprof's: the one torchrun prints is its report of the rank's exit code 3
+    assert not re.search(r'File "[^"]*/commprof/', proc.stderr), proc.stderr
+    assert proc.stderr.count("Traceback") <= 1 and ("Traceback" not in proc.stderr or "ChildFailedError" in proc.stderr)
 
 
 def test_single_failing_instrument_keeps_the_others(record):
