@@ -33,7 +33,7 @@ def _bench(make_cluster, n, out, port):
         # one rank per node, started the way srun starts it (the rank's
         # variables set, no launcher process)
         cmd = [PY, WORKER, "--ops", "all_reduce", "--min-bytes", "4096", "--max-bytes", "2097152",
-               "--iters", "6", "--warmup", "1", "--out", out]
+               "--iters", "10", "--warmup", "1", "--out", out]
         env = venv_env({"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "RANK": str(node.index),
                         "WORLD_SIZE": str(n), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                         "MASTER_ADDR": c.nodes[0].addr, "MASTER_PORT": str(port)})
