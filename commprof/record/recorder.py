@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import signal
 import socket
 import sys
 import threading
@@ -66,6 +67,10 @@ class Recorder:
     def _reset(self) -> None:
         self.q: collections.deque = collections.deque()
         self.state = "idle"  # idle -> active -> closed, or off
+        #: the thread running close() (a SIGTERM arriving then waits for it: see session._on_sigterm)
+        self.closing: Optional[int] = None
+        #: a SIGTERM arrived while close() ran: close() ends by dying of it
+        self.sigterm_pending = False
         self.clock = StepClock()
         self.run_info: Dict[str, Any] = {}
         #: root module -> forward FLOPs of its first training batch and that batch's size
@@ -508,8 +513,11 @@ class Recorder:
         if self.state != "active" or self.pid != os.getpid():
             return
         self.state = "closed"
+        self.closing = threading.get_ident()
         self.flusher.stop()
         try:
+            if _TEST_SIGTERM_IN_CLOSE:
+                os.kill(os.getpid(), signal.SIGTERM)
             if self.telemetry is not None:
                 self.telemetry.stop()
             if self.kernels.running:
@@ -520,6 +528,12 @@ class Recorder:
         except Exception as exc:
             warn(f"could not finalise the trace of pid {self.pid}: {exc!r} "
                  "(the journal is kept and will be salvaged)")
+        finally:
+            self.closing = None
+            if self.sigterm_pending:    # finalised: now die of it, exactly as without commprof
+                # (pending only where the handler interrupted this close: the main thread)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
 
 
 #: Test knob (the multi-host clock tests): error added to this process's
@@ -528,6 +542,9 @@ try:
     _WALL_ERROR_NS = int(float(os.environ.get("COMMPROF_TEST_WALL_ERROR_MS", "0")) * 1e6)
 except ValueError:
     _WALL_ERROR_NS = 0
+#: Test knob: the process sends itself SIGTERM inside close(), before the final flush (a launcher
+#: terminating a rank that is already exiting, e.g. after a collective's connection reset)
+_TEST_SIGTERM_IN_CLOSE = os.environ.get("COMMPROF_TEST_SIGTERM_IN_CLOSE") == "1"
 
 
 def _node_rank() -> Optional[int]:

@@ -9,6 +9,7 @@ import atexit
 import os
 import signal
 import threading
+import time
 from typing import Dict, Optional
 
 from . import importhook as _importhook
@@ -103,6 +104,15 @@ class Session:
                 forensics.note_sigterm(frame)
         except Exception:
             pass
+        rec = self.recorder
+        if rec.closing is not None and rec.pid == os.getpid():
+            if rec.closing == threading.get_ident():
+                # it interrupted this thread's final flush (atexit, os._exit): that flush ends by dying of it
+                rec.sigterm_pending = True
+                return
+            deadline = time.monotonic() + 10.0      # another thread's final flush: let it finish first
+            while rec.closing is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
         try:
             self.recorder.close()
         finally:

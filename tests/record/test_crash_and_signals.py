@@ -83,6 +83,22 @@ def test_signal_reaches_job_and_exit_status_matches(tmp_path, sig):
     assert (r.table.to_pandas()["category"] == "step").sum() >= 1
 
 
+def test_a_sigterm_during_the_final_flush_loses_nothing(record):
+    """A launcher terminating a rank that is already exiting (torchrun after
+    another rank's abort, while this one's collective failed) signals it
+    inside commprof's final flush: the flush completes, every step is in
+    the trace, and the process still dies of SIGTERM (planted: the process
+    signals itself inside close(), before the final flush)."""
+    import commprof
+
+    proc, out = record([PY, TINY, "--steps", "5"], env=venv_env({"COMMPROF_TEST_SIGTERM_IN_CLOSE": "1"}))
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    ev = commprof.load(out).events()
+    assert (ev["category"].astype(str) == "step").sum() == 5, ev["category"].value_counts()
+    end = assemble.open_run(out)[0]["ends"]
+    assert [e["signal"] for e in end] == ["SIGTERM"], end
+
+
 def test_exit_code_passthrough_without_torch(record):
     proc, out = record([PY, "-c", "import sys; sys.exit(7)"])
     assert proc.returncode == 7
