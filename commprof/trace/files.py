@@ -11,7 +11,15 @@ from typing import Iterator
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path; on success it replaces ``path``, on error it
-    is removed and ``path`` is left as it was."""
+    is removed and ``path`` is left as it was. A target that exists and is
+    not a regular file (``/dev/null``, a FIFO, a terminal) is written in
+    place: renaming over it would replace the device itself; a symbolic
+    link is kept and its target replaced."""
+    if os.path.lexists(path) and os.path.islink(path):
+        path = os.path.realpath(path)
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        yield path
+        return
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         yield tmp

@@ -213,3 +213,37 @@ def test_values(v, is_missing, as_plain):
 def test_plain_infinity_as_none():
     assert values.plain(float("inf"), inf_as_none=True) is None
     assert values.plain(np.float64("-inf"), inf_as_none=True) is None
+
+
+def test_atomic_writes_leave_devices_fifos_and_links_in_place(tmp_path):
+    """`commprof report -o /dev/null` (as benchmarks/report_speed.py runs it,
+    as root) must not rename a regular file over the device: a target that
+    is not a regular file is written in place, a link keeps pointing where
+    it did and its target gets the text."""
+    import stat
+    import threading
+
+    from commprof.trace.files import atomic_write
+
+    try:
+        atomic_write(os.devnull, "x" * 1000)
+        assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    finally:        # a regression must not leave the machine without /dev/null
+        if not stat.S_ISCHR(os.stat(os.devnull).st_mode):
+            os.remove(os.devnull)
+            os.mknod(os.devnull, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(os.devnull, 0o666)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    atomic_write(str(fifo), "through the pipe")
+    reader.join(10)
+    assert got == ["through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    atomic_write(str(link), "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json", "target.json"]
