@@ -144,14 +144,19 @@ def documented_record(page, contains, script=None):
     if "-o" in options:
         i = options.index("-o")
         del options[i:i + 2]
-    users = [w for w in cmd if w in DOC_SCRIPTS]
-    if script is not None:
-        assert len(users) == 1, f"{page}: {found[0]!r} names no user's script to replace"
-        i = cmd.index(users[0])
-        cmd = cmd[:i] + list(script) + cmd[i + 1:]
-    else:
-        assert not users, f"{page}: {found[0]!r} names the user's script {users[0]}: give one"
-    return options, cmd
+    return options, _with_script(cmd, script, f"{page}: {found[0]!r}")
+
+
+def _with_script(words, script, what):
+    """``words`` with the user's script (one of DOC_SCRIPTS) replaced by
+    ``script`` (a list); without ``script``, asserts there is none."""
+    users = [w for w in words if w in DOC_SCRIPTS]
+    if script is None:
+        assert not users, f"{what} names the user's script {users[0]}: give one"
+        return words
+    assert len(users) == 1, f"{what} names no user's script to replace"
+    i = words.index(users[0])
+    return words[:i] + list(script) + words[i + 1:]
 
 
 def documented_scaled(page, contains, why, *, script=None, values=None, outputs=None, add=(), after=(),
@@ -188,13 +193,7 @@ def documented_scaled(page, contains, why, *, script=None, values=None, outputs=
     for name, path in (outputs or {}).items():      # after the subcommand (`bench -o bench`)
         assert name in words[1:], f"{page}: {found[0]!r} writes no {name}"
         words[words.index(name, 1)] = str(path)
-    users = [w for w in words if w in DOC_SCRIPTS]
-    if script is not None:
-        assert len(users) == 1, f"{page}: {found[0]!r} names no user's script to replace"
-        i = words.index(users[0])
-        words = words[:i] + list(script) + words[i + 1:]
-    else:
-        assert not users, f"{page}: {found[0]!r} names the user's script {users[0]}: give one"
+    words = _with_script(words, script, f"{page}: {found[0]!r}")
     sep = words.index("--") if "--" in words else len(words)
     if after:
         assert sep < len(words), f"{page}: {found[0]!r} runs no command to give arguments to"
