@@ -16,6 +16,34 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "metric", "set_run_info", "load", "compare", "diff", "Trace", "Comparison"]
 
 
+def _analyzers_from_a_checkout() -> None:
+    """Run from a source checkout without installing (``PYTHONPATH=checkout
+    python -m commprof ...``): setup.cfg installs the top-level analyzers/
+    as ``commprof.analyzers``; make that one mapping here. Two stat calls;
+    nothing when installed (the analyzers are then inside the package)."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(os.path.dirname(here), "analyzers")
+    if os.path.isdir(os.path.join(here, "analyzers")) or not os.path.isfile(os.path.join(src, "__init__.py")):
+        return
+    import importlib.util
+    import sys
+
+    class _Finder:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name != __name__ + ".analyzers":
+                return None
+            return importlib.util.spec_from_file_location(name, os.path.join(src, "__init__.py"),
+                                                          submodule_search_locations=[src])
+
+    sys.meta_path.append(_Finder)
+
+
+_analyzers_from_a_checkout()
+
+
 def __getattr__(name):
     if name in ("metric", "set_run_info"):
         from .record import session

@@ -225,7 +225,9 @@ dist.destroy_process_group()
 
 FORK_MICRO = r'''
 import os, sys, torch
-dev = "cuda" if torch.cuda.is_available() else "cpu"
+# the device comes from the command line: torch.cuda.is_available() in the
+# parent would itself initialise CUDA and poison fork (torch's own rule)
+dev, label = sys.argv[1], sys.argv[2]
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 def train(device, n=3):
     model = torch.nn.Linear(8, 8).to(device)
@@ -239,21 +241,23 @@ def fork(child):
             child()
             code = 0
         except Exception as exc:
-            print("child failed:", repr(exc), flush=True)
+            print(label, "child failed:", repr(exc), flush=True)
             code = 1
         os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 # A: a parent that has not used the device (but is recorded) forks a child
-# that does: fails if anything in the parent initialised CUDA
-train("cpu")
+# that does: fails if anything in the parent initialised CUDA. Forward only:
+# torch's first backward starts autograd's device threads, which initialise
+# CUDA in any process (a plain run's child then fails too)
+with torch.no_grad():
+    torch.nn.Linear(8, 8)(torch.ones(4, 8)).sum()
 a = fork(lambda: (train(dev), sync()))
 # B: a parent with device timing forks a child that never touches the
 # device: the child must not destroy the parent's events
 train(dev)
 sync()
 b = fork(lambda: None)
-print("fork A (child uses the device):", a, "fork B (parent used it):", b, flush=True)
-sys.exit(0 if a == 0 and b == 0 else 1)
+print(f"{label}: fork A (child uses the device): {a} fork B (parent used it): {b}", flush=True)
 '''
 
 
@@ -304,13 +308,50 @@ def nccl_checks(out, ev, ranks, device):
           worst_margin_us=float(((timed["dev_end"] - timed["t_start"]) / 1e3).min()) if len(timed) else None)
     limit = next((v for k, v in PHYSICAL_GBPS.items() if k.lower() in device.lower()), 10_000.0)
     by = {}
-    for (op, nbytes), g in timed.assign(dev_s=dev_s).groupby([timed["name"].astype(str), "bytes"]):
+    bws = []
+    # torch.distributed's all_reduce is in place; the micro's all_gather
+    # writes another tensor
+    for (op, nbytes, inplace), g in timed.assign(dev_s=dev_s, inplace=timed["name"].astype(str) == "all_reduce") \
+            .groupby([timed["name"].astype(str), "bytes", "inplace"]):
         med = float(g["dev_s"].median())
-        by[f"{op} {int(nbytes) >> 20} MiB"] = {"dev_ms_median": med * 1e3, "algbw_GBps": nbytes / med / 1e9,
-                                               "blocking": g["blocking"].astype(bool).value_counts().to_dict()}
-    bws = [v["algbw_GBps"] for v in by.values()]
+        row = by[f"{op} {int(nbytes) >> 20} MiB"] = {
+            "dev_ms_median": med * 1e3, "algbw_GBps": nbytes / med / 1e9,
+            "blocking": g["blocking"].astype(bool).value_counts().to_dict()}
+        if ranks == 1 and inplace:
+            # one rank, in place: NCCL moves no data (the bus factor 2(n-1)/n
+            # is 0); its time is a launch, not a bandwidth
+            row["bound"] = "none: one rank, in place, no data moved"
+        elif ranks == 1:
+            # one rank, out of place: a device copy, its bytes read and written
+            row["bound"] = "a copy: algbw <= memory bandwidth / 2"
+            bws.append(2 * nbytes / med / 1e9)
+        else:
+            row["bound"] = "algbw <= memory bandwidth"
+            bws.append(nbytes / med / 1e9)
     check(out, "nccl: bandwidth within the device's physical range", bool(bws) and all(0 < b <= limit for b in bws),
           limit_GBps=limit, ranks=ranks, by_size=by)
+
+
+def fork_check(out, ok, log):
+    """The fork run's verdict, read from its log: the recorded script's
+    results must be the plain control's, both forks succeeding. A control
+    that fails says nothing of commprof: the check is not run then."""
+    name = "fork after the device was used, under commprof"
+    lines = {}
+    try:
+        with open(log) as fh:
+            for line in fh:
+                label = line.split(":", 1)[0]
+                if label in ("plain", "recorded") and "fork A" in line:
+                    lines[label] = line.strip().split(":", 1)[1].strip()
+    except (OSError, TypeError):
+        pass
+    good = "fork A (child uses the device): 0 fork B (parent used it): 0"
+    control, recorded = lines.get("plain"), lines.get("recorded")
+    if control != good:
+        not_run(out, name, f"the script fails without commprof too ({control or 'no result line'})")
+        return
+    check(out, name, ok and recorded == good, plain=control, recorded=recorded)
 
 
 def kernel_checks(out, ev, ranks, cuda):
@@ -436,9 +477,20 @@ def main():
     SUMMARY.update(device=device + ("" if cuda else " (simulated device)"), ranks=ranks)
     save(args.out)
     t_start = time.monotonic()
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    # the repository's root after whatever the caller set: an installed
+    # commprof (make install, or pip install . elsewhere) comes first
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), ROOT) if p),
                OMP_NUM_THREADS="4", PYTHONUNBUFFERED="1")
     py = sys.executable
+    # not installed (commprof.analyzers is where pip puts analyzers/): every
+    # recorded run would pass and the report fail; say so before any run
+    pre = subprocess.run([py, "-c", "import commprof.analyzers, commprof.cli"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    if pre.returncode:
+        SUMMARY.update(verdict="fail", ok=False, error="commprof is not installed: " + pre.stderr.strip()[-300:])
+        save(args.out)
+        raise SystemExit("commprof is not installed for this Python (make install, or pip install --no-deps .): "
+                         + (pre.stderr.strip().splitlines() or ["?"])[-1])
 
     def torchrun(script, *a):
         return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", script, *a]
@@ -458,6 +510,7 @@ def main():
         r50 = ["--arch", "resnet18", "--framework", "ddp", "--steps", "12", "--batch-size", "4",
                "--image-size", "32", "--workers", "0", "--samples", "64", "--no-val"]
         r18 = r50
+    dev_name = "cuda" if cuda else "cpu"
     micro = os.path.join(args.out, "nccl_micro.py")
     fork = os.path.join(args.out, "fork_micro.py")
     for path, text in ((micro, NCCL_MICRO), (fork, FORK_MICRO)):
@@ -476,7 +529,10 @@ def main():
         "r18-recorded": rec("r18-rec") + torchrun(*workload(r18, "r18-recorded")),
         "r18-recorded-comm-hook": rec("r18-rec-hook", "--ddp-timing", "comm-hook")
         + torchrun(*workload(r18, "r18-recorded-comm-hook")),
-        "fork-micro": rec("fork-rec") + [py, fork],
+        # the same script plain first (the control: a failure there is not
+        # commprof's), then recorded
+        "fork-micro": ["sh", "-c", '"$0" "$1" "$2" plain; shift 2; exec "$@" recorded', py, fork, dev_name]
+        + rec("fork-rec") + [py, fork, dev_name],
         "report": [py, "-m", "commprof", "report", os.path.join(args.out, "r50-kern"),
                    os.path.join(args.out, "nccl-rec"), "--out-dir", os.path.join(args.out, "report")],
     }
@@ -506,7 +562,7 @@ def main():
             ok = run(args.out, name, commands[name], env, timeout,
                      fault="orphan" if args.inject == "orphan" and name == "r18-plain" else None)
         if name == "fork-micro":
-            check(args.out, "fork after the device was used, under commprof", ok)
+            fork_check(args.out, ok, SUMMARY["runs"][name].get("log"))
         if name == "report":
             check(args.out, "report of the recorded runs", ok
                   and os.path.exists(os.path.join(args.out, "report", "report.md")))
