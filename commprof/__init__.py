@@ -20,7 +20,8 @@ def _analyzers_from_a_checkout() -> None:
     """Run from a source checkout without installing (``PYTHONPATH=checkout
     python -m commprof ...``): setup.cfg installs the top-level analyzers/
     as ``commprof.analyzers``; make that one mapping here. Two stat calls;
-    nothing when installed (the analyzers are then inside the package)."""
+    nothing when installed (the analyzers are then inside the package, or
+    an editable install's finder maps them)."""
     import os
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -30,12 +31,16 @@ def _analyzers_from_a_checkout() -> None:
     import importlib.util
     import sys
 
+    name = __name__ + ".analyzers"
+    if any(getattr(f, "find_spec", None) and f.find_spec(name, __path__) for f in sys.meta_path):
+        return  # an editable install's finder maps it already
+
     class _Finder:
         @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name != __name__ + ".analyzers":
+        def find_spec(fullname, path=None, target=None):
+            if fullname != name:
                 return None
-            return importlib.util.spec_from_file_location(name, os.path.join(src, "__init__.py"),
+            return importlib.util.spec_from_file_location(fullname, os.path.join(src, "__init__.py"),
                                                           submodule_search_locations=[src])
 
     sys.meta_path.append(_Finder)

@@ -164,3 +164,21 @@ def test_category_codes_come_from_the_schema():
     for mod, path in MODULES.items():
         if mod.startswith("commprof.analyzers"):
             assert ".cat == " not in open(path).read().replace('.cat == CAT[', ''), mod
+
+
+def test_a_checkout_runs_without_installing():
+    """``PYTHONPATH=checkout python -m commprof`` with nothing installed
+    (no editable install's finder): the analyzers
+    resolve as ``commprof.analyzers`` from the checkout's analyzers/, as
+    setup.cfg installs them (a GPU machine where nothing can be installed
+    ran the report so; it failed with ModuleNotFoundError before)."""
+    import sysconfig
+
+    # site-packages as a plain folder: its .pth files (an editable install's
+    # finder) are not processed
+    code = (f"import sys; sys.path[:0] = [{ROOT!r}, {sysconfig.get_paths()['purelib']!r}]\n"
+            "import commprof.analyzers.codes as c, commprof.analyzers as a\n"
+            "print(a.__file__); print(c.__name__)")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [os.path.join(ANALYZERS, "__init__.py"), "commprof.analyzers.codes"]
