@@ -57,10 +57,11 @@ REF_INTERVAL_NS = 1_000_000_000
 ANCHOR_SAMPLES = 3
 #: how long close() waits, polling, for the last events to complete
 DRAIN_DEADLINE_S = 5.0
-#: completed events kept to be recorded again: creating a timing event costs
-#: the training thread ~55 µs on an H200 host (torch 2.11, measured by
-#: cProfile in the GPU check's ResNet-18 run: 14 events a step, 0.78 ms), a
-#: record of a pooled one ~11 µs
+#: completed events kept to be recorded again rather than created and
+#: destroyed, two per timed region (14 a ResNet-18 step): on an H200 host
+#: (torch 2.11) cProfile put 1.0 ms a step of the training thread in
+#: commprof's event records, creation included, 0.16 ms of it in the records
+#: themselves (benchmarks/results/gpu_check/)
 POOL_MAX = 1024
 
 
