@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import struct
+import threading
 import time
 from typing import Callable, Dict, Optional
 
@@ -53,6 +54,9 @@ from .log import log_once
 #: host time between two reference events of the chain (elapsed times up to
 #: a second are float32 milliseconds exact to ~0.06 µs)
 REF_INTERVAL_NS = 1_000_000_000
+#: references kept for a region still open (begun, not ended): ten minutes
+#: worth; a region open longer (one that never ends) keeps host times only
+OPEN_KEEP_REFS = 600
 #: waits for an event at the anchor, the earliest reading kept
 ANCHOR_SAMPLES = 3
 #: how long close() waits, polling, for the last events to complete
@@ -156,6 +160,11 @@ class DeviceTimer:
         #: completed events whose times were read, to record again (appended
         #: by the writer thread, popped by training threads: deque ops are atomic)
         self.free: collections.deque = collections.deque()
+        #: reference index -> regions begun on it and not ended yet (a
+        #: backward open while its buckets' rows resolve): their reference
+        #: is not pruned
+        self._open: Dict[int, int] = {}
+        self._open_lock = threading.Lock()
 
     def _record(self):
         """An event recorded now on the current stream: a pooled one when
@@ -207,11 +216,22 @@ class DeviceTimer:
             if now - self._last_ref_host >= REF_INTERVAL_NS:
                 self._add_ref(self._record(), None)
                 self._last_ref_host = now
-        return (self._n_refs - 1, self._record())
+        k = self._n_refs - 1
+        with self._open_lock:
+            self._open[k] = self._open.get(k, 0) + 1
+        return (k, self._record())
 
     def end(self, start, row) -> None:
         """Park ``row`` until the end event (recorded now, on the current
         stream) has completed."""
+        if start is not None:
+            k = start[0]
+            with self._open_lock:
+                n = self._open.get(k, 0) - 1
+                if n > 0:
+                    self._open[k] = n
+                else:
+                    self._open.pop(k, None)
         self.pending.append((start, None if self.capturing else self._record(), row))
 
     # -- off the hot path (writer thread) -----------------------------------
@@ -283,10 +303,13 @@ class DeviceTimer:
         return n
 
     def _prune(self) -> None:
-        """Drop references older than what pending rows need (keeping the
-        newest one whose time is known, the chain's base)."""
+        """Drop references older than what pending rows and open regions
+        need (keeping the newest one whose time is known, the chain's base)."""
         needed = min((start[0] for start, _e, _r in self.pending if start is not None),
                      default=self._n_refs - 1)
+        with self._open_lock:
+            open_min = min(self._open, default=needed)
+        needed = min(needed, max(open_min, self._n_refs - 1 - OPEN_KEEP_REFS))
         base = max((k for k, (_ev, host) in list(self._refs.items()) if host is not None and k <= needed),
                    default=None)
         if base is None:

@@ -7,6 +7,7 @@ import os
 import time
 import weakref
 
+import numpy as np
 import pytest
 import torch
 
@@ -147,6 +148,46 @@ def test_completed_events_are_recorded_again_not_created():
     timer.end(start, _row(len(expected)))
     assert ev.created == after_warmup + 2 and not set(map(id, timer.free)) & {id(start[1])}
     assert len(timer.free) == len(pooled) - 2  # the two refused ones are gone
+
+
+def test_a_region_still_open_keeps_its_reference_while_inner_rows_resolve():
+    """A backward longer than the reference interval: its buckets' rows
+    resolve (and references are pruned) before it ends; the reference its
+    start needs stays, so it gets device times too (it kept host times only
+    when that reference was pruned)."""
+    clock = FakeClock(10**9)
+    timer = DeviceTimer(SimulatedEvents(0, clock=clock), clock=clock)
+    out = []
+    outer = timer.begin()                       # the backward: reference 0
+    t_outer = clock.t
+    clock.t += 3 * device.REF_INTERVAL_NS // 2  # a long backward
+    inner = timer.begin()                       # a bucket's all_reduce: reference 1
+    t_inner = clock.t
+    clock.t += 10_000
+    timer.end(inner, _row(1))
+    timer.resolve(out.append)                   # a flush while the backward runs
+    clock.t += 10_000
+    timer.end(outer, _row(0))
+    timer.resolve(out.append)
+    assert [r.t_start for r in out] == [1, 0]
+    got = [(r.dev_start, r.dev_end) for r in out]
+    want = [(t_inner, t_inner + 10_000), (t_outer, clock.t)]
+    # float32 ms over 1.5 s: within ~100 ns
+    assert np.allclose(np.array(got, float), np.array(want, float), rtol=0, atol=200), (got, want)
+    assert len(timer._refs) <= 2 and not timer._open
+
+
+def test_a_region_that_never_ends_stops_holding_references():
+    clock = FakeClock(10**9)
+    timer = DeviceTimer(SimulatedEvents(0, clock=clock), clock=clock)
+    timer.begin()                               # never ended (its instrument failed)
+    out = []
+    for _ in range(device.OPEN_KEEP_REFS + 50):
+        clock.t += device.REF_INTERVAL_NS
+        timer.end(timer.begin(), _row(0))
+        timer.resolve(out.append)
+    assert len(timer._refs) <= device.OPEN_KEEP_REFS + 2
+    assert all(r.dev_start is not None for r in out)
 
 
 class Flaky(SimulatedEvents):
