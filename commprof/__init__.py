@@ -19,9 +19,10 @@ __all__ = ["__version__", "metric", "set_run_info", "load", "compare", "diff", "
 def _analyzers_from_a_checkout() -> None:
     """Run from a source checkout without installing (``PYTHONPATH=checkout
     python -m commprof ...``): setup.cfg installs the top-level analyzers/
-    as ``commprof.analyzers``; make that one mapping here. Two stat calls;
-    nothing when installed (the analyzers are then inside the package, or
-    an editable install's finder maps them)."""
+    as ``commprof.analyzers``; make that one mapping here, to this
+    checkout's folder. A stat call when installed (the analyzers are then
+    inside the package); nothing more when an editable install of this
+    checkout maps them."""
     import os
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -32,8 +33,14 @@ def _analyzers_from_a_checkout() -> None:
     import sys
 
     name = __name__ + ".analyzers"
-    if any(getattr(f, "find_spec", None) and f.find_spec(name, __path__) for f in sys.meta_path):
-        return  # an editable install's finder maps it already
+    mine = os.path.join(src, "__init__.py")
+    for finder in list(sys.meta_path):
+        try:
+            spec = finder.find_spec(name, __path__)  # type: ignore[attr-defined]
+            if spec is not None and spec.origin and os.path.samefile(spec.origin, mine):
+                return  # an editable install of this checkout maps it already
+        except Exception:  # a finder that fails here must not break the import
+            continue
 
     class _Finder:
         @staticmethod
@@ -43,7 +50,8 @@ def _analyzers_from_a_checkout() -> None:
             return importlib.util.spec_from_file_location(fullname, os.path.join(src, "__init__.py"),
                                                           submodule_search_locations=[src])
 
-    sys.meta_path.append(_Finder)
+    # first: an editable install of another checkout would map it there
+    sys.meta_path.insert(0, _Finder)
 
 
 _analyzers_from_a_checkout()

@@ -224,7 +224,8 @@ class DeviceTimer:
     def end(self, start, row) -> None:
         """Park ``row`` until the end event (recorded now, on the current
         stream) has completed."""
-        if start is not None:
+        self.pending.append((start, None if self.capturing else self._record(), row))
+        if start is not None:  # pending first: the writer's prune sees the row in one of the two
             k = start[0]
             with self._open_lock:
                 n = self._open.get(k, 0) - 1
@@ -232,7 +233,6 @@ class DeviceTimer:
                     self._open[k] = n
                 else:
                     self._open.pop(k, None)
-        self.pending.append((start, None if self.capturing else self._record(), row))
 
     # -- off the hot path (writer thread) -----------------------------------
     def _ref_time(self, k: int) -> Optional[int]:
@@ -305,7 +305,9 @@ class DeviceTimer:
     def _prune(self) -> None:
         """Drop references older than what pending rows and open regions
         need (keeping the newest one whose time is known, the chain's base)."""
-        needed = min((start[0] for start, _e, _r in self.pending if start is not None),
+        # list(): training threads append meanwhile (iterating a deque that
+        # grows raises)
+        needed = min((start[0] for start, _e, _r in list(self.pending) if start is not None),
                      default=self._n_refs - 1)
         with self._open_lock:
             open_min = min(self._open, default=needed)

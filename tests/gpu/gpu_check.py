@@ -58,7 +58,7 @@ PLAN_LIMIT_S = 480
 #: (run, timeout s), in order of value
 PLAN = [
     ("nccl-micro", 60), ("r50-recorded", 75), ("r50-plain", 60), ("r50-kernels", 75),
-    ("r18-plain", 40), ("r18-recorded", 40), ("r18-recorded-comm-hook", 40), ("fork-micro", 30),
+    ("r18-plain", 40), ("r18-recorded", 40), ("r18-recorded-comm-hook", 40), ("fork-micro", 40),
     ("report", 50),
 ]
 #: overhead bounds (median step recorded / plain - 1), in %: the target is
@@ -477,19 +477,20 @@ def main():
     SUMMARY.update(device=device + ("" if cuda else " (simulated device)"), ranks=ranks)
     save(args.out)
     t_start = time.monotonic()
-    # the repository's root after whatever the caller set: an installed
-    # commprof (make install, or pip install . elsewhere) comes first
+    # the runs start in the repository's root, so its commprof runs (an
+    # editable install is the same one); PYTHONPATH: whatever the caller set
+    # (carried dependencies), then the root (the micro-tests' imports)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), ROOT) if p),
                OMP_NUM_THREADS="4", PYTHONUNBUFFERED="1")
     py = sys.executable
-    # not installed (commprof.analyzers is where pip puts analyzers/): every
-    # recorded run would pass and the report fail; say so before any run
+    # a dependency missing: every run would fail one by one; say so before any
     pre = subprocess.run([py, "-c", "import commprof.analyzers, commprof.cli"], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     if pre.returncode:
-        SUMMARY.update(verdict="fail", ok=False, error="commprof is not installed: " + pre.stderr.strip()[-300:])
+        SUMMARY.update(verdict="fail", ok=False, error="commprof cannot be imported: " + pre.stderr.strip()[-300:])
         save(args.out)
-        raise SystemExit("commprof is not installed for this Python (make install, or pip install --no-deps .): "
+        raise SystemExit("commprof or one of its dependencies cannot be imported by this Python (make install; "
+                         "where nothing installs, carry the wheels, docs/gpu-check.md): "
                          + (pre.stderr.strip().splitlines() or ["?"])[-1])
 
     def torchrun(script, *a):

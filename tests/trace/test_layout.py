@@ -182,3 +182,27 @@ def test_a_checkout_runs_without_installing():
     proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [os.path.join(ANALYZERS, "__init__.py"), "commprof.analyzers.codes"]
+
+
+def test_a_checkout_uses_its_own_analyzers_beside_another_checkouts_install(tmp_path):
+    """An editable install of another checkout (a finder mapping
+    commprof.analyzers elsewhere) does not hand this checkout's commprof
+    the other tree's analyzers."""
+    import sysconfig
+
+    other = tmp_path / "other" / "analyzers"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    code = (f"import sys, importlib.util; sys.path[:0] = [{ROOT!r}, {sysconfig.get_paths()['purelib']!r}]\n"
+            "class Other:\n"
+            "    @staticmethod\n"
+            "    def find_spec(name, path=None, target=None):\n"
+            "        if name == 'commprof.analyzers':\n"
+            f"            return importlib.util.spec_from_file_location(name, {str(other / '__init__.py')!r},\n"
+            f"                submodule_search_locations=[{str(other)!r}])\n"
+            "sys.meta_path.append(Other)\n"
+            "import commprof.analyzers as a\n"
+            "print(a.__file__)")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [os.path.join(ANALYZERS, "__init__.py")]
