@@ -190,6 +190,45 @@ def test_a_region_that_never_ends_stops_holding_references():
     assert all(r.dev_start is not None for r in out)
 
 
+def test_pruning_while_training_threads_add_rows():
+    """The writer prunes while training threads park rows: no 'deque mutated
+    during iteration' (it escaped the flush and stopped the recording)."""
+    import sys
+    import threading
+
+    class Pending(SimulatedEvents):  # rows never complete: they pile up
+        def done(self, ev):
+            return False
+
+    timer = DeviceTimer(Pending(0))
+    timer.end(timer.begin(), _row(0))
+    stop, errors = threading.Event(), []
+
+    def train():
+        i = 1
+        while not stop.is_set():
+            timer.end(timer.begin(), _row(i))
+            i += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=train)
+    t.start()
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            try:
+                timer._prune()
+            except RuntimeError as exc:
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+    assert not errors, errors
+
+
 class Flaky(SimulatedEvents):
     """Reading one particular event fails (a CUDA error, a destroyed event)."""
 
