@@ -31,7 +31,7 @@ WHAT = {
     "demo": "`make demo`: the README's bottleneck table",
     "bench": "`commprof bench` on this machine's CPU ranks (gloo): the nccl-tests table and the alpha-beta fit",
     "native_build": "building the native DDP hooks (what `commprof record` does once per torch version)",
-    "gpu_check": "the GPU check (tests/gpu/gpu_check.py) on a lent GPU machine: its checks, and the recording "
+    "gpu_check": "the GPU check (tests/gpu/gpu_check.py) on a GPU machine: its checks, and the recording "
                  "overhead on the GPU",
     "shaped_links": "the one-machine cluster's shaped links (network namespaces, tc): the bench's fitted bandwidth "
                     "against the link rate, the cost model fitted at 2-4 nodes predicting 8",
