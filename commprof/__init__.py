@@ -27,13 +27,13 @@ def _analyzers_from_a_checkout() -> None:
 
     here = os.path.dirname(os.path.abspath(__file__))
     src = os.path.join(os.path.dirname(here), "analyzers")
-    if os.path.isdir(os.path.join(here, "analyzers")) or not os.path.isfile(os.path.join(src, "__init__.py")):
+    mine = os.path.join(src, "__init__.py")
+    if os.path.isdir(os.path.join(here, "analyzers")) or not os.path.isfile(mine):
         return
     import importlib.util
     import sys
 
     name = __name__ + ".analyzers"
-    mine = os.path.join(src, "__init__.py")
     for finder in list(sys.meta_path):
         try:
             spec = finder.find_spec(name, __path__)  # type: ignore[attr-defined]
@@ -47,7 +47,7 @@ def _analyzers_from_a_checkout() -> None:
         def find_spec(fullname, path=None, target=None):
             if fullname != name:
                 return None
-            return importlib.util.spec_from_file_location(fullname, os.path.join(src, "__init__.py"),
+            return importlib.util.spec_from_file_location(fullname, mine,
                                                           submodule_search_locations=[src])
 
     # first: an editable install of another checkout would map it there

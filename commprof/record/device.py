@@ -82,7 +82,7 @@ class CudaEvents:
 
     def record(self):
         ev = self.torch.cuda.Event(enable_timing=True)
-        ev.record()
+        self.record_again(ev)
         return ev
 
     @staticmethod

@@ -15,7 +15,7 @@ def atomic_path(path: str) -> Iterator[str]:
     not a regular file (``/dev/null``, a FIFO, a terminal) is written in
     place: renaming over it would replace the device itself; a symbolic
     link is kept and its target replaced."""
-    if os.path.lexists(path) and os.path.islink(path):
+    if os.path.islink(path):
         path = os.path.realpath(path)
     if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
         yield path

@@ -309,11 +309,11 @@ def nccl_checks(out, ev, ranks, device):
     limit = next((v for k, v in PHYSICAL_GBPS.items() if k.lower() in device.lower()), 10_000.0)
     by = {}
     bws = []
-    # torch.distributed's all_reduce is in place; the micro's all_gather
-    # writes another tensor
-    for (op, nbytes, inplace), g in timed.assign(dev_s=dev_s, inplace=timed["name"].astype(str) == "all_reduce") \
-            .groupby([timed["name"].astype(str), "bytes", "inplace"]):
+    for (op, nbytes), g in timed.assign(dev_s=dev_s).groupby([timed["name"].astype(str), "bytes"]):
         med = float(g["dev_s"].median())
+        # torch.distributed's all_reduce is in place; the micro's all_gather
+        # writes another tensor
+        inplace = op == "all_reduce"
         row = by[f"{op} {int(nbytes) >> 20} MiB"] = {
             "dev_ms_median": med * 1e3, "algbw_GBps": nbytes / med / 1e9,
             "blocking": g["blocking"].astype(bool).value_counts().to_dict()}
