@@ -36,6 +36,18 @@ def test_the_plan_fits_the_device_time():
     assert set(gpu_check.PLANNED_CHECKS) == {n for n, _ in gpu_check.PLAN}
 
 
+def test_overhead_is_taken_over_the_pairs_that_completed():
+    """Two pairs in ABBA order on a machine that drifts: the mean over both
+    pairs is the figure checked, each pair's own beside it; a pair with a
+    run missing is left out, not half-counted."""
+    med = {"p1": 0.010, "r1": 0.011, "r2": 0.013, "p2": 0.012}
+    o = gpu_check.overhead(med, ("p1", "p2"), ("r1", "r2"), 3.0)
+    assert o["pairs"] == 2 and o["per_pair_pct"] == [10.0, 8.33]
+    assert o["overhead_pct"] == pytest.approx(100 * (0.012 / 0.011 - 1))
+    o = gpu_check.overhead(dict(med, p2=None), ("p1", "p2"), ("r1", "r2"), 3.0)
+    assert o["pairs"] == 1 and o["overhead_pct"] == pytest.approx(10.0)
+
+
 @pytest.mark.slow
 def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     _, proc, summary = full_dry_run
@@ -43,7 +55,9 @@ def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     assert summary["verdict"] == "pass" and summary["ok"] is True and summary["dry_run"] is True
     assert summary["plan_total_s"] <= gpu_check.PLAN_LIMIT_S
     assert set(summary["runs"]) == {n for n, _ in gpu_check.PLAN}
-    assert all(r["rc"] == 0 and r["left_behind"] == [] for r in summary["runs"].values())
+    ran = {n: r for n, r in summary["runs"].items() if n not in gpu_check.SECOND_PAIRS}
+    assert all(r["rc"] == 0 and r["left_behind"] == [] for r in ran.values())
+    assert all(summary["runs"][n]["rc"].startswith("not run (dry run") for n in gpu_check.SECOND_PAIRS)
     assert summary["not_run"] == {}
     planned = {c for cs in gpu_check.PLANNED_CHECKS.values() for c in cs}
     assert planned <= set(summary["checks"])
@@ -55,7 +69,8 @@ def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     assert set(summary["overhead"]) == {"r50", "r18", "r18 comm-hook"}
     for name in ("r18-rec", "r18-rec-hook"):   # both DDP timing points pass the device checks
         assert statuses[f"{name}: device rows"] == "pass", name
-    for run in summary["runs"].values():
+    assert all(o["pairs"] == 1 for o in summary["overhead"].values())
+    for run in ran.values():
         assert os.path.exists(run["log"])
 
 
