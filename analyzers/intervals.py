@@ -11,6 +11,8 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from . import native
+
 
 @dataclass
 class Segments:
@@ -102,10 +104,12 @@ def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_se
     (bit j-1 for set j) cover; ``windows`` holds the indices (into the
     inputs) of the windows, in time order, one per row of the table.
 
-    One stable argsort of all boundaries, then one running sum in which
-    every set has its own bit field counting its open intervals; a plain
-    running count checks that no field overflowed (else each set is counted
-    on its own)."""
+    One stable argsort of all boundaries, then one pass over them in the
+    compiled kernel (:mod:`.native`); where it is not available, one
+    running sum in which every set has its own bit field counting its open
+    intervals, a plain running count checking that no field overflowed
+    (else each set is counted on its own). Both give the same table, bit
+    for bit."""
     labels = np.asarray(labels)
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     use = (labels >= 0) & (labels <= n_sets) & (ends > starts)  # empty / reversed intervals cover nothing
@@ -122,11 +126,25 @@ def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_se
     windows = keep[win_idx] if keep is not None else win_idx
     if n_win == 0:
         return np.zeros((0, n_pat)), windows
+    t = np.concatenate([starts, ends])
+    order = np.argsort(t, kind="stable")
+    fn = native.kernel() if n_sets <= 30 else None
+    if fn is not None:
+        table = np.zeros(n_win * n_pat)
+        starts, ends, lab = (np.ascontiguousarray(a) for a in (starts, ends, lab))
+        order = np.ascontiguousarray(order, np.int64)
+        if fn(starts.ctypes.data, ends.ctypes.data, lab.ctypes.data, len(starts), order.ctypes.data, n_sets,
+              table.ctypes.data, n_win) == 0:
+            return table.reshape(n_win, n_pat), windows
+    return _pattern_table_numpy(t, order, lab, n_sets, n_win, windows)
+
+
+def _pattern_table_numpy(t, order, lab, n_sets: int, n_win: int, windows):
+    """pattern_table's sweep after the sort, where the compiled kernel is
+    not used: the same table."""
+    n_pat = 1 << n_sets
     counts = np.bincount(lab, minlength=n_sets + 1)
     code = np.concatenate([2 * lab + 1, 2 * lab]).astype(np.int8)  # start: odd, end: even
-    t = np.concatenate([starts, ends])
-    del starts, ends
-    order = np.argsort(t, kind="stable")
     t = t[order]
     code = code[order]
     del order

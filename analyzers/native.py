@@ -1,0 +1,89 @@
+"""The analyzers' compiled kernel (``_sweep.c``): the breakdown's
+cover-pattern sweep in one pass, where numpy needs a dozen passes over
+every boundary (benchmarks/results/report_speed/).
+
+Built once per source with the system's C compiler (``$CC``, else ``cc``;
+~0.3 s) into ``$COMMPROF_NATIVE_DIR`` (default
+``~/.cache/commprof/native``), then loaded with ctypes. Where it cannot be
+built or loaded (no compiler, a read-only home), or with
+``COMMPROF_ANALYZERS_NATIVE=0``, the numpy path computes the same table,
+bit for bit (tests/analyzers/test_native_sweep.py)."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, Optional
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep.c")
+ENV_SWITCH = "COMMPROF_ANALYZERS_NATIVE"
+
+_lock = threading.Lock()
+_lib: Any = None      # the loaded library; False when tried and unavailable
+
+
+def library_path() -> Optional[str]:
+    """Where the built kernel for this source and machine lives."""
+    try:
+        with open(SOURCE, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()[:12]
+    except OSError:
+        return None
+    root = os.environ.get("COMMPROF_NATIVE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "commprof",
+                                                                   "native")
+    return os.path.join(root, f"sweep-{sys.platform}-{platform.machine()}-{digest}.so")
+
+
+def build(path: str) -> bool:
+    """Compile the kernel to ``path`` (atomically: a file of its own, then
+    renamed; two processes building at once both succeed)."""
+    cc = os.environ.get("CC") or "cc"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, "-O2", "-std=c99", "-shared", "-fPIC", "-o", tmp, SOURCE],
+                              capture_output=True, timeout=120)
+        if proc.returncode != 0:
+            return False
+        os.replace(tmp, path)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def kernel() -> Any:
+    """The sweep function, or None where the numpy path is to be used."""
+    global _lib
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                _lib = _load()
+    return _lib.commprof_pattern_sweep if _lib else None
+
+
+def _load() -> Any:
+    path = library_path()
+    if path is None:
+        return False
+    try:
+        if not os.path.exists(path) and not build(path):
+            return False
+        lib = ctypes.CDLL(path)
+        fn = lib.commprof_pattern_sweep
+    except (OSError, AttributeError):
+        return False
+    p = ctypes.c_void_p
+    fn.argtypes = [p, p, p, ctypes.c_int64, p, ctypes.c_int, p, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return lib

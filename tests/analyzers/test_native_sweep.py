@@ -1,0 +1,102 @@
+"""The breakdown's compiled sweep kernel (analyzers/_sweep.c) against the
+numpy path it replaces: the same table bit for bit, on random intervals and
+on a synthetic DDP trace's per-step breakdown; where it cannot be built the
+numpy path runs."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import ROOT
+
+from commprof.analyzers import native
+from commprof.analyzers.intervals import pattern_table
+
+needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None, reason="no C compiler")
+
+
+def both(fn, *args):
+    """fn(*args) with the kernel, then with the numpy path."""
+    before = os.environ.get(native.ENV_SWITCH)
+    try:
+        os.environ[native.ENV_SWITCH] = "1"
+        fast = fn(*args)
+        os.environ[native.ENV_SWITCH] = "0"
+        return fast, fn(*args)
+    finally:
+        if before is None:
+            os.environ.pop(native.ENV_SWITCH)
+        else:
+            os.environ[native.ENV_SWITCH] = before
+
+
+@needs_cc
+def test_the_kernel_is_built_and_used_where_a_compiler_is():
+    assert native.kernel() is not None
+    assert os.path.exists(native.library_path())
+
+
+windows = st.lists(st.tuples(st.integers(0, 40), st.integers(-3, 60)), min_size=1, max_size=6)
+members = st.lists(st.tuples(st.integers(0, 600), st.integers(-5, 200), st.integers(-1, 6)), max_size=40)
+
+
+@needs_cc
+@settings(max_examples=300, deadline=None)
+@given(windows, members, st.integers(1, 5))
+def test_kernel_equals_numpy_bit_for_bit(wins, mems, n_sets):
+    """Windows laid end to end (gaps, shared ends, empty and reversed ones),
+    members of n_sets sets and ignored labels, overlapping anything,
+    starting and ending on the same instants as the windows and each other."""
+    starts, ends, labels, t = [], [], [], 0
+    for gap, width in wins:
+        t += gap
+        starts.append(t)
+        ends.append(t + width)
+        labels.append(0)
+        t += max(width, 0)
+    for s, w, lab in mems:
+        starts.append(s)
+        ends.append(s + w)
+        labels.append(lab)
+    args = (np.array(starts, np.int64), np.array(ends, np.int64), np.array(labels, np.int8), n_sets)
+    (ft, fw), (st_, sw) = both(pattern_table, *args)
+    assert np.array_equal(fw, sw)
+    assert ft.shape == st_.shape and np.array_equal(ft, st_), (ft, st_)
+
+
+@needs_cc
+def test_a_ddp_traces_breakdown_is_the_same_with_either():
+    """Every step of a synthetic 8-rank DDP trace (benchmarks/synth.py),
+    both paths: every column equal."""
+    import pyarrow as pa
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from synth import rank_table
+
+    from commprof.analyzers import breakdown
+    from commprof.analyzers.events import Events
+
+    table = pa.concat_tables([rank_table(r, 8, 300, 4) for r in range(8)])
+    fast, slow = both(breakdown.per_step, Events.of(table))
+    assert len(fast) > 2000
+    assert fast.equals(slow)
+
+
+def test_without_a_compiler_the_numpy_path_reports(tmp_path):
+    """A compiler that fails and an empty cache: no kernel, the same report
+    code runs (numpy), and nothing is left in the cache."""
+    cache = tmp_path / "cache"
+    code = ("from commprof.analyzers import native, intervals\nimport numpy as np\n"
+            "assert native.kernel() is None\n"
+            "t, w = intervals.pattern_table(np.array([0, 2]), np.array([10, 5]), np.array([0, 1]), 1)\n"
+            "print(t.tolist())")
+    env = dict(os.environ, CC="false", COMMPROF_NATIVE_DIR=str(cache))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "[[7.0, 3.0]]"
+    assert not list(cache.glob("*.so"))
