@@ -19,6 +19,8 @@ on the *same* objects:
   process-group hooks;
 - ``record:noring``: ``record`` without the collective ring (Python and
   native: ``trace/ring.py``): ``record`` minus it is the ring's cost;
+- ``record:nodev``: ``record`` without device timing (its CUDA events;
+  ``--device cuda`` only): ``record`` minus it is device timing's cost;
 - ``only:NAME``: one instrument alone (the split by instrument);
   ``pg:noop`` / ``pg:callback``: torch's process-group hook machinery with
   do-nothing Python hooks (and a done-callback), no commprof;
@@ -41,7 +43,17 @@ difference counts about half of its work: its thread's own CPU time
 (``pthread_getcpuclockid``) over the recorded steps is printed as well, and
 ``record`` + writer is the upper bound that is compared with the targets.
 
+With ``--device cuda`` (one rank per GPU, NCCL) each step ends with
+``torch.cuda.synchronize()``, as ``workloads/resnet.py`` does when it times
+its steps, and the ``resnet50`` workload is the GPU check's (batch 64,
+224 x 224 uint8 images from a DataLoader with ``--workers`` processes,
+pinned, converted on the device): host work between one step's
+synchronisation and the next step's first kernel is then exposed, which is
+what makes a device-bound step pay for the host's.
+
     python benchmarks/overhead_paired.py [--workload short|resnet18] [--nproc 2] [--rounds 300] [--steps 4]
+    python benchmarks/overhead_paired.py --device cuda --nproc 1 --workload resnet50 --workers 8 \
+        --rounds 60 --steps 4 --arms record,record:nodev,plain2,only:module,only:dataloader
 """
 import argparse
 import json
@@ -66,29 +78,39 @@ from commprof.record.instruments import ALL  # noqa: E402
 ARMS = ("plain", "record", "plain2", "profiler")
 
 
-def build(workload, batch):
-    """(model, loader) of a workload, the same as overhead.py's."""
+def build(workload, batch, workers=0, pin=False):
+    """(model, loader) of a workload, the same as overhead.py's (resnet50:
+    the GPU check's)."""
     torch.manual_seed(0)
     if workload == "short":  # benchmarks/short_step.py
         batch = batch or 32
         model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
                               nn.Linear(1024, 10))
         data = TensorDataset(torch.randn(batch * 64, 512), torch.randint(0, 10, (batch * 64,)))
+    elif workload == "resnet50":  # the GPU check's: uint8 images, made float on the device
+        import torchvision
+
+        batch = batch or 64
+        model = torchvision.models.resnet50(num_classes=1000)
+        data = TensorDataset(torch.randint(0, 256, (batch * 8, 3, 224, 224), dtype=torch.uint8),
+                             torch.randint(0, 1000, (batch * 8,)))
     else:  # workloads/resnet.py --arch resnet18 --batch-size 16 --image-size 64 (synthetic data)
         import torchvision
 
         batch = batch or 16
         model = torchvision.models.resnet18(num_classes=100)
         data = TensorDataset(torch.randn(batch * 8, 3, 64, 64), torch.randint(0, 100, (batch * 8,)))
-    loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+    loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
+                        pin_memory=pin, persistent_workers=workers > 0)
     return model, loader
 
 
 class Loop:
     """The training loop, one step at a time, on fixed objects."""
 
-    def __init__(self, model, loader, opt):
+    def __init__(self, model, loader, opt, device=None):
         self.model, self.loader, self.opt = model, loader, opt
+        self.device = device if device is not None and device.type == "cuda" else None
         self.it = iter(loader)
 
     def step(self):
@@ -97,10 +119,16 @@ class Loop:
         except StopIteration:
             self.it = iter(self.loader)
             x, y = next(self.it)
+        if self.device is not None:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255)
         loss = nn.functional.cross_entropy(self.model(x), y)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
+        if self.device is not None:     # as workloads/resnet.py does when it times its steps
+            torch.cuda.synchronize(self.device)
 
     def timed(self, n):
         """(mean CPU ns, mean wall ns) per step over n steps."""
@@ -117,14 +145,21 @@ def _rank_main(rank, args, tmp, out):
     import torch.distributed as dist
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=args.nproc)
-    sess = session.start(Config(out_dir=os.path.join(tmp, f"rec{rank}"), run_id="bench"), hook_exits=False)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{tmp}/pg", rank=rank,
+                            world_size=args.nproc)
+    sess = session.start(Config(out_dir=os.path.join(tmp, f"rec{rank}"), run_id="bench",
+                                simulate_device_lag_ms=args.simulate_device_lag_ms), hook_exits=False)
     sess.install_for("torch")  # installed before DDP exists, as under `commprof record`
-    model, loader = build(args.workload, args.batch)
-    ddp = nn.parallel.DistributedDataParallel(model)
+    model, loader = build(args.workload, args.batch, args.workers, pin=cuda)
+    ddp = nn.parallel.DistributedDataParallel(model.to(device), device_ids=[rank] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    loop = Loop(ddp, loader, opt)
+    loop = Loop(ddp, loader, opt, device)
     for _ in range(args.warmup):  # DDP rebuilds its buckets after step 0; the recorder becomes a rank
         loop.step()
     sess.uninstall()
@@ -152,6 +187,10 @@ def _rank_main(rank, args, tmp, out):
             sess.recorder.config = full
             state["on"] = want
         rec = sess.recorder
+        if arm == "record:nodev" and "timer" not in state:     # device timing off for the block
+            state["timer"] = rec.timer
+            rec.config = rec.config.replace(device_timing=False)
+            rec.timer = None
         if arm == "record:noring" and "ring" not in state:
             state["ring"] = rec.ring
             rec.ring = None
@@ -171,6 +210,10 @@ def _rank_main(rank, args, tmp, out):
             state["prof"].__enter__()
 
     def leave(arm):
+        if "timer" in state:
+            rec = sess.recorder
+            rec.config = rec.config.replace(device_timing=full.device_timing)
+            rec.timer = state.pop("timer")
         if "ring" in state:
             rec = sess.recorder
             rec.ring = state.pop("ring")
@@ -235,7 +278,8 @@ def summarize(ranks, args):
         dw = [statistics.fmean(r["arms"][arm][i][1] - r["arms"]["plain"][i][1] for r in ranks)
               for i in range(args.rounds)]
         rows[arm] = (mean_ci(dc), statistics.median(dc), mean_ci(dw))
-    lines = [f"{args.workload}: {args.nproc} rank(s), DDP over gloo, batch {args.batch or 'default'}, "
+    lines = [f"{args.workload}: {args.nproc} rank(s), DDP over {'NCCL' if args.device == 'cuda' else 'gloo'}, "
+             f"batch {args.batch or 'default'}, {args.workers} loader workers, "
              f"{args.rounds} rounds x {len(arms)} arms, blocks of {args.steps} timed steps (+1 left out) "
              f"on the same model / DDP / optimizer / loader; cost = block mean - the same round's plain "
              f"block mean, mean over rounds ± 95 % (1.96 SE), averaged over ranks",
@@ -264,7 +308,12 @@ def summarize(ranks, args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=("short", "resnet18"), default="short")
+    p.add_argument("--workload", choices=("short", "resnet18", "resnet50"), default="short")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: one rank per GPU over NCCL, each step synchronised")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--simulate-device-lag-ms", type=float, default=0.0,
+                   help=argparse.SUPPRESS)  # a simulated device on CPU: the device-timing arm checked there
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--steps", type=int, default=4, help="timed steps per block")
