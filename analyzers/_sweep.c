@@ -53,3 +53,96 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
     }
     return 0;
 }
+
+/* The per-instance reduction of the collectives (analyzers/collectives.py,
+ * _reduce_instances) over rows already in key order (order: a stable argsort
+ * of key), every field but the summed completions (numpy sums those: its
+ * summation order is kept). Fields in collectives._INST_FIELDS order; in[f]
+ * and out[f] point to n int64 or float64 values (floats: sum_end, bytes,
+ * min_bytes, gsize). Ties as the numpy path: the rank of an extreme is that
+ * of the last sorted row holding it, the latest issuer the highest rank
+ * holding the latest issue; a float extreme that is NaN (every row NaN)
+ * takes sorted row 0's rank. Writes one row per distinct key (out[f][0..k))
+ * and returns k. */
+enum { F_KEY, F_OP, F_MIN_START, F_MAX_START, F_SUM_END, F_N, F_BYTES, F_LAST_RANK, F_OP_MAX, F_MIN_BYTES,
+       F_MIN_BYTES_RANK, F_MAX_BYTES_RANK, F_GSIZE, F_SRC_MIN, F_SRC_MAX, F_SRC_MIN_RANK, F_SRC_MAX_RANK,
+       F_DT_MIN, F_DT_MAX, F_DT_MIN_RANK, F_DT_MAX_RANK, N_FIELDS };
+
+#define I64(f) ((const int64_t *)in[f])
+#define F64(f) ((const double *)in[f])
+#define O64(f) ((int64_t *)out[f])
+#define OF64(f) ((double *)out[f])
+
+static double fmax_nan(double a, double b) { return a != a ? b : (b != b ? a : (a >= b ? a : b)); }
+static double fmin_nan(double a, double b) { return a != a ? b : (b != b ? a : (a <= b ? a : b)); }
+
+int64_t commprof_reduce_instances(int64_t n, const int64_t *order, void **in, void **out)
+{
+    int64_t k = 0, s = 0;
+    const int64_t *key = I64(F_KEY);
+    while (s < n) {
+        int64_t e = s + 1, key0 = key[order[s]];
+        while (e < n && key[order[e]] == key0)
+            e++;
+        /* rows s..e-1 of the sorted order: one instance */
+        int64_t j0 = order[s];
+        int64_t op = I64(F_OP)[j0], op_max = I64(F_OP_MAX)[j0], mn = I64(F_MIN_START)[j0], top = I64(F_MAX_START)[j0];
+        int64_t cnt = 0;
+        double bytes = F64(F_BYTES)[j0], low = F64(F_MIN_BYTES)[j0], gs = F64(F_GSIZE)[j0];
+        int64_t smin = I64(F_SRC_MIN)[j0], smax = I64(F_SRC_MAX)[j0], dmin = I64(F_DT_MIN)[j0], dmax = I64(F_DT_MAX)[j0];
+        for (int64_t i = s; i < e; i++) {
+            int64_t j = order[i];
+            if (I64(F_OP)[j] < op) op = I64(F_OP)[j];
+            if (I64(F_OP_MAX)[j] > op_max) op_max = I64(F_OP_MAX)[j];
+            if (I64(F_MIN_START)[j] < mn) mn = I64(F_MIN_START)[j];
+            if (I64(F_MAX_START)[j] > top) top = I64(F_MAX_START)[j];
+            cnt += I64(F_N)[j];
+            if (i > s) {
+                bytes = fmax_nan(bytes, F64(F_BYTES)[j]);
+                low = fmin_nan(low, F64(F_MIN_BYTES)[j]);
+                gs = fmax_nan(gs, F64(F_GSIZE)[j]);
+            }
+            if (I64(F_SRC_MIN)[j] < smin) smin = I64(F_SRC_MIN)[j];
+            if (I64(F_SRC_MAX)[j] > smax) smax = I64(F_SRC_MAX)[j];
+            if (I64(F_DT_MIN)[j] < dmin) dmin = I64(F_DT_MIN)[j];
+            if (I64(F_DT_MAX)[j] > dmax) dmax = I64(F_DT_MAX)[j];
+        }
+        /* who holds each extreme: the last sorted row (sorted row 0 when none does) */
+        int64_t last_rank = INT64_MIN, at_max = -1, at_min = -1, a_smin = -1, a_smax = -1, a_dmin = -1, a_dmax = -1;
+        for (int64_t i = s; i < e; i++) {
+            int64_t j = order[i];
+            if (I64(F_MAX_START)[j] == top && I64(F_LAST_RANK)[j] > last_rank) last_rank = I64(F_LAST_RANK)[j];
+            if (F64(F_BYTES)[j] == bytes) at_max = j;
+            if (F64(F_MIN_BYTES)[j] == low) at_min = j;
+            if (I64(F_SRC_MIN)[j] == smin) a_smin = j;
+            if (I64(F_SRC_MAX)[j] == smax) a_smax = j;
+            if (I64(F_DT_MIN)[j] == dmin) a_dmin = j;
+            if (I64(F_DT_MAX)[j] == dmax) a_dmax = j;
+        }
+        if (at_max < 0) at_max = order[0];
+        if (at_min < 0) at_min = order[0];
+        O64(F_KEY)[k] = key0;
+        O64(F_OP)[k] = op;
+        O64(F_MIN_START)[k] = mn;
+        O64(F_MAX_START)[k] = top;
+        O64(F_N)[k] = cnt;
+        OF64(F_BYTES)[k] = bytes;
+        O64(F_LAST_RANK)[k] = last_rank;
+        O64(F_OP_MAX)[k] = op_max;
+        OF64(F_MIN_BYTES)[k] = low;
+        O64(F_MIN_BYTES_RANK)[k] = I64(F_MIN_BYTES_RANK)[at_min];
+        O64(F_MAX_BYTES_RANK)[k] = I64(F_MAX_BYTES_RANK)[at_max];
+        OF64(F_GSIZE)[k] = gs;
+        O64(F_SRC_MIN)[k] = smin;
+        O64(F_SRC_MAX)[k] = smax;
+        O64(F_SRC_MIN_RANK)[k] = I64(F_SRC_MIN_RANK)[a_smin];
+        O64(F_SRC_MAX_RANK)[k] = I64(F_SRC_MAX_RANK)[a_smax];
+        O64(F_DT_MIN)[k] = dmin;
+        O64(F_DT_MAX)[k] = dmax;
+        O64(F_DT_MIN_RANK)[k] = I64(F_DT_MIN_RANK)[a_dmin];
+        O64(F_DT_MAX_RANK)[k] = I64(F_DT_MAX_RANK)[a_dmax];
+        k++;
+        s = e;
+    }
+    return k;
+}

@@ -22,6 +22,8 @@ wall-clock offset.
 """
 from __future__ import annotations
 
+import ctypes
+
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -178,6 +180,35 @@ def _merge_instances(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict
     return out
 
 
+_INST_FLOATS = ("sum_end", "bytes", "min_bytes", "gsize")
+
+
+def _reduce_instances_compiled(a: Dict[str, np.ndarray], order: np.ndarray,
+                               first: np.ndarray) -> Optional[Dict[str, np.ndarray]]:
+    """:func:`_reduce_instances` by the compiled kernel (analyzers/native.py),
+    the summed completions by numpy as there; None where the kernel is not
+    available or a field is not of the type it reads."""
+    from . import native
+
+    fn = native.kernel("commprof_reduce_instances")
+    if fn is None:
+        return None
+    src = [np.ascontiguousarray(a[f]) for f in _INST_FIELDS]
+    for f, v in zip(_INST_FIELDS, src):
+        if v.dtype != (np.float64 if f in _INST_FLOATS else np.int64) or len(v) != len(order):
+            return None
+    order = np.ascontiguousarray(order, np.int64)
+    n, k = len(order), len(first)
+    out = [np.empty(k, v.dtype) for v in src]
+    ptrs = (ctypes.c_void_p * len(src))
+    got = fn(n, order.ctypes.data, ptrs(*[v.ctypes.data for v in src]), ptrs(*[v.ctypes.data for v in out]))
+    if got != k:
+        return None
+    res = dict(zip(_INST_FIELDS, out))
+    res["sum_end"] = np.add.reduceat(a["sum_end"][order], first)
+    return res
+
+
 def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Combine partial per-instance aggregates that share a key: earliest
     issue, latest issue (and the rank that issued it), summed completions,
@@ -188,6 +219,9 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     order = np.argsort(a["key"], kind="stable")  # runs of increasing keys: cheap to merge
     key = a["key"][order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    fast = _reduce_instances_compiled(a, order, first)
+    if fast is not None:
+        return fast
     mx = a["max_start"][order]
     top = np.maximum.reduceat(mx, first)
     sizes = np.diff(np.r_[first, len(key)])

@@ -1,13 +1,14 @@
-"""The analyzers' compiled kernel (``_sweep.c``): the breakdown's
-cover-pattern sweep in one pass, where numpy needs a dozen passes over
-every boundary (benchmarks/results/report_speed/).
+"""The analyzers' compiled kernels (``_sweep.c``): the breakdown's
+cover-pattern sweep and the collectives' per-instance reduction, each in
+one pass where numpy needs a dozen over every row
+(benchmarks/results/report_speed/).
 
 Built once per source with the system's C compiler (``$CC``, else ``cc``;
 ~0.3 s) into ``$COMMPROF_NATIVE_DIR`` (default
 ``~/.cache/commprof/native``), then loaded with ctypes. Where it cannot be
 built or loaded (no compiler, a read-only home), or with
-``COMMPROF_ANALYZERS_NATIVE=0``, the numpy path computes the same table,
-bit for bit (tests/analyzers/test_native_sweep.py)."""
+``COMMPROF_ANALYZERS_NATIVE=0``, the numpy path computes the same
+results, bit for bit (tests/analyzers/test_native_sweep.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -60,8 +61,16 @@ def build(path: str) -> bool:
             os.unlink(tmp)
 
 
-def kernel() -> Any:
-    """The sweep function, or None where the numpy path is to be used."""
+_P = ctypes.c_void_p
+#: the kernels: name -> (argument types, result type)
+SIGNATURES = {
+    "commprof_pattern_sweep": ([_P, _P, _P, ctypes.c_int64, _P, ctypes.c_int, _P, ctypes.c_int64], ctypes.c_int),
+    "commprof_reduce_instances": ([ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
+}
+
+
+def kernel(name: str = "commprof_pattern_sweep") -> Any:
+    """A compiled kernel by name, or None where the numpy path is to be used."""
     global _lib
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
@@ -69,7 +78,7 @@ def kernel() -> Any:
         with _lock:
             if _lib is None:
                 _lib = _load()
-    return _lib.commprof_pattern_sweep if _lib else None
+    return getattr(_lib, name) if _lib else None
 
 
 def _load() -> Any:
@@ -80,10 +89,9 @@ def _load() -> Any:
         if not os.path.exists(path) and not build(path):
             return False
         lib = ctypes.CDLL(path)
-        fn = lib.commprof_pattern_sweep
+        for name, (args, res) in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
     except (OSError, AttributeError):
         return False
-    p = ctypes.c_void_p
-    fn.argtypes = [p, p, p, ctypes.c_int64, p, ctypes.c_int, p, ctypes.c_int64]
-    fn.restype = ctypes.c_int
     return lib

@@ -100,3 +100,51 @@ def test_without_a_compiler_the_numpy_path_reports(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[0] == "[[7.0, 3.0]]"
     assert not list(cache.glob("*.so"))
+
+
+inst_rows = st.lists(st.tuples(
+    st.integers(0, 6),                                   # key
+    st.integers(0, 3), st.integers(0, 3),                # op, op_max
+    st.integers(0, 50), st.integers(0, 50),              # min / max start
+    st.integers(-20, 20),                                # sum_end (integral, as the times are)
+    st.integers(1, 3),                                   # n
+    st.one_of(st.just(float("nan")), st.sampled_from([0.0, 1024.0, 4096.0, 1 << 20])),  # bytes
+    st.integers(0, 7),                                   # rank
+    st.integers(0, 3), st.integers(0, 3),                # source code min / max
+    st.integers(-1, 2), st.integers(-1, 2),              # dtype code min / max
+    st.one_of(st.just(float("nan")), st.sampled_from([2.0, 4.0, 8.0])),  # group size
+), min_size=1, max_size=40)
+
+
+@needs_cc
+@settings(max_examples=300, deadline=None)
+@given(inst_rows, st.randoms(use_true_random=False))
+def test_instance_reduction_kernel_equals_numpy(rows, rnd):
+    """Partial per-instance aggregates (raw calls and already reduced
+    partials alike) with ties in every extreme, NaN sizes and unsorted
+    keys: the kernel's reduction is the numpy one's, field by field."""
+    from commprof.analyzers.collectives import _INST_FIELDS, _reduce_instances
+
+    ranks = [rnd.randrange(8) for _ in range(6 * len(rows))]
+    cols = {f: [] for f in _INST_FIELDS}
+    for i, (key, op, op_max, s0, s1, se, n, nb, rank, smin, smax, dmin, dmax, gs) in enumerate(rows):
+        r = ranks[6 * i:6 * i + 6]
+        vals = dict(key=key, op=op, min_start=s0, max_start=s1, sum_end=float(se), n=n, bytes=nb, last_rank=rank,
+                    op_max=op_max, min_bytes=nb, min_bytes_rank=r[0], max_bytes_rank=r[1], gsize=gs, src_min=smin,
+                    src_max=smax, src_min_rank=r[2], src_max_rank=r[3], dt_min=dmin, dt_max=dmax,
+                    dt_min_rank=r[4], dt_max_rank=r[5])
+        for f in _INST_FIELDS:
+            cols[f].append(vals[f])
+    a = {f: np.array(v, np.float64 if f in ("sum_end", "bytes", "min_bytes", "gsize") else np.int64)
+         for f, v in cols.items()}
+    fast, slow = both(_reduce_instances, a)
+    if not np.all(a["key"][1:] > a["key"][:-1]):        # something to combine: the kernel did it
+        from commprof.analyzers.collectives import _reduce_instances_compiled
+
+        order = np.argsort(a["key"], kind="stable")
+        k = a["key"][order]
+        assert _reduce_instances_compiled(a, order, np.flatnonzero(np.r_[True, k[1:] != k[:-1]])) is not None
+    assert set(fast) == set(slow)
+    for f in _INST_FIELDS:
+        assert fast[f].dtype == slow[f].dtype, f
+        assert np.array_equal(fast[f], slow[f], equal_nan=True), (f, fast[f], slow[f])
