@@ -441,8 +441,7 @@ class CollectiveStats:
         """Fold collective events (an Arrow table or DataFrame of comm rows):
         the per-call sketches and the per-instance aggregates."""
         comm = _table(comm)
-        self.add_calls_of(comm)
-        self.add_instances_of(comm, offsets)
+        self.add_instances_of(comm, offsets, self.add_calls_of(comm))
 
     def _times(self, comm):
         """(op codes, ops, source codes, sources, issue, completion, latency
@@ -462,14 +461,17 @@ class CollectiveStats:
         return (op_codes, ops, src_codes, srcs, t0, t1, lat_ns, _num(comm, "bytes", np.float64, np.nan),
                 _num(comm, "group_size", np.float64, np.nan))
 
-    def add_calls_of(self, comm) -> None:
+    def add_calls_of(self, comm) -> Optional[tuple]:
         """Fold the per (op, source, size bucket) sketches of latency and
         bandwidth. Needs no clock offsets: a multi-host run folds them while
-        the trace is read and the instances once the clocks are aligned."""
+        the trace is read and the instances once the clocks are aligned.
+        Returns the rows' times (:meth:`_times`), for
+        :meth:`add_instances_of` of the same rows."""
         comm = _table(comm)
         if comm.num_rows == 0:
-            return
-        op_codes, ops, src_codes, srcs, _t0, _t1, lat_ns, nbytes, gsize = self._times(comm)
+            return None
+        times = self._times(comm)
+        op_codes, ops, src_codes, srcs, _t0, _t1, lat_ns, nbytes, gsize = times
         lat_s = lat_ns.astype(np.float64) / 1e9
         with np.errstate(divide="ignore", invalid="ignore"):
             algbw = np.where(lat_s > 0, nbytes / lat_s / 1e9, np.nan)
@@ -481,14 +483,17 @@ class CollectiveStats:
             b = int(key[sel[0]] % 64)
             bus = algbw[sel] * bus_factor(op, gsize[sel])
             self._fold(op, source, b, lat_s[sel] * 1e3, algbw[sel], bus, nbytes[sel], gsize[sel])
+        return times
 
-    def add_instances_of(self, comm, offsets: Optional[Dict[int, int]] = None) -> None:
+    def add_instances_of(self, comm, offsets: Optional[Dict[int, int]] = None,
+                         times: Optional[tuple] = None) -> None:
         """Fold the per-instance aggregates (group, seq) on clocks shifted by
-        ``offsets`` (rank -> ns)."""
+        ``offsets`` (rank -> ns); ``times``: what :meth:`add_calls_of`
+        returned for the same rows (else they are read again)."""
         comm = _table(comm)
         if comm.num_rows == 0 or "seq" not in comm.column_names or "group" not in comm.column_names:
             return
-        op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = self._times(comm)
+        op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = times or self._times(comm)
         rank = _num(comm, "rank", np.int64, 0)
         off = _per_rank(rank, offsets) if offsets else np.zeros(1, np.int64)
         g_codes, groups = _codes(comm.column("group"))
@@ -504,6 +509,8 @@ class CollectiveStats:
         ok = (seq >= 0) & (seq < (1 << _SEQ_BITS)) & (gid >= 0)
         if not ok.any():
             return
+        if ok.all():        # the usual case: no copies of every column for nothing
+            ok = slice(None)
         if self._arrivals is not None:      # clocks not aligned yet: arrivals kept per host
             self._arrivals.add(((gid << _SEQ_BITS) | seq)[ok], rank[ok], t0[ok], t1[ok])
         self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], (t0 + off)[ok], (t1 + off)[ok],

@@ -290,10 +290,10 @@ class Collectives:
         if not self.multi_host:
             self.stats.add(comm)
             return
-        self.stats.add_calls_of(comm)
+        times = self.stats.add_calls_of(comm)
         self.sample.add(comm)
         if self.deferred:
-            self.stats.add_instances_of(comm)
+            self.stats.add_instances_of(comm, times=times)
             self.calls.add(comm)
             if self.reread is not None and self.stats.arrival_rows() > MAX_ARRIVAL_ROWS \
                     and self.stats.arrival_rows(compact=True) > MAX_ARRIVAL_ROWS:
@@ -452,7 +452,10 @@ class Timeline:
 def _small_window(chunk, steps: pd.DataFrame) -> pd.DataFrame:
     """The events of the chunk's first 8 ranks, as pandas, for the timeline."""
     ranks = sorted(steps["rank"].unique())[:8]
-    sub = chunk.filter(pc.is_in(chunk.column("rank"), value_set=pa.array(ranks, pa.int32())))
+    if set(pc.unique(chunk.column("rank")).to_pylist()) <= set(ranks):
+        sub = chunk         # every rank of the chunk is drawn: nothing to filter
+    else:
+        sub = chunk.filter(pc.is_in(chunk.column("rank"), value_set=pa.array(ranks, pa.int32())))
     return sub.select([c for c in ("rank", "step", "category", "name", "t_start", "t_end")
                        if c in sub.column_names]).to_pandas()
 
