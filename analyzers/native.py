@@ -1,4 +1,4 @@
-"""The analyzers' compiled kernels (``_sweep.c``): the breakdown's
+"""The analyzers' compiled kernels (``_kernels.c``): the breakdown's
 cover-pattern sweep and the collectives' per-instance reduction, each in
 one pass where numpy needs a dozen over every row
 (benchmarks/results/report_speed/).
@@ -8,7 +8,7 @@ Built once per source with the system's C compiler (``$CC``, else ``cc``;
 ``~/.cache/commprof/native``), then loaded with ctypes. Where it cannot be
 built or loaded (no compiler, a read-only home), or with
 ``COMMPROF_ANALYZERS_NATIVE=0``, the numpy path computes the same
-results, bit for bit (tests/analyzers/test_native_sweep.py)."""
+results, bit for bit (tests/analyzers/test_native_kernels.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -21,7 +21,7 @@ import tempfile
 import threading
 from typing import Any, Optional
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep.c")
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels.c")
 ENV_SWITCH = "COMMPROF_ANALYZERS_NATIVE"
 
 _lock = threading.Lock()
@@ -37,7 +37,7 @@ def library_path() -> Optional[str]:
         return None
     root = os.environ.get("COMMPROF_NATIVE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "commprof",
                                                                    "native")
-    return os.path.join(root, f"sweep-{sys.platform}-{platform.machine()}-{digest}.so")
+    return os.path.join(root, f"kernels-{sys.platform}-{platform.machine()}-{digest}.so")
 
 
 def build(path: str) -> bool:

@@ -1,7 +1,8 @@
-"""The breakdown's compiled sweep kernel (analyzers/_sweep.c) against the
-numpy path it replaces: the same table bit for bit, on random intervals and
-on a synthetic DDP trace's per-step breakdown; where it cannot be built the
-numpy path runs."""
+"""The analyzers' compiled kernels (analyzers/_kernels.c) against the
+numpy paths they replace: the same results bit for bit (the cover-pattern
+table on random intervals and on a synthetic DDP trace's per-step
+breakdown; the collectives' per-instance reduction on random partials);
+where they cannot be built the numpy paths run."""
 import os
 import shutil
 import subprocess
