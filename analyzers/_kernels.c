@@ -1,7 +1,9 @@
-/* The breakdown's cover-pattern sweep in one pass (analyzers/intervals.py,
- * pattern_table): the same arithmetic as the numpy path, in the same order,
- * so the table is bit for bit the same. Built and loaded by
- * analyzers/native.py; the numpy path is used where it cannot be. */
+/* The analyzers' compiled kernels, each the same arithmetic as the numpy
+ * path it replaces, so the results are bit for bit the same: the
+ * breakdown's cover-pattern sweep (analyzers/intervals.py, pattern_table)
+ * and the collectives' per-instance reduction (analyzers/collectives.py,
+ * _reduce_instances). Built and loaded by analyzers/native.py; the numpy
+ * paths are used where it cannot be. */
 #include <stdint.h>
 
 /* Boundaries in time order: order[i] < n is the start of interval order[i],
