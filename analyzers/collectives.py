@@ -477,12 +477,15 @@ class CollectiveStats:
             algbw = np.where(lat_s > 0, nbytes / lat_s / 1e9, np.nan)
         bucket = size_bucket(nbytes)
         key = (op_codes.astype(np.int64) * 256 + src_codes) * 64 + bucket
-        for _k, sel in _groups(key):
-            op = ops[int(key[sel[0]] // 64 // 256)]
-            source = srcs[int(key[sel[0]] // 64 % 256)]
-            b = int(key[sel[0]] % 64)
-            bus = algbw[sel] * bus_factor(op, gsize[sel])
-            self._fold(op, source, b, lat_s[sel] * 1e3, algbw[sel], bus, nbytes[sel], gsize[sel])
+        # one (op, source, size) in the whole chunk, the usual case: no copies
+        groups = [(key[0], slice(None))] if bool((key == key[0]).all()) else _groups(key)
+        for k, sel in groups:
+            op, source, b = ops[int(k // 64 // 256)], srcs[int(k // 64 % 256)], int(k % 64)
+            g = gsize[sel]
+            # one group size, the usual case: its factor once (the same float)
+            factor = bus_factor(op, float(g[0])) if bool((g == g[0]).all()) else bus_factor(op, g)
+            bus = algbw[sel] * factor
+            self._fold(op, source, b, lat_s[sel] * 1e3, algbw[sel], bus, nbytes[sel], g)
         return times
 
     def add_instances_of(self, comm, offsets: Optional[Dict[int, int]] = None,
