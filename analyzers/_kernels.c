@@ -19,9 +19,9 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
 {
     int64_t counts[64] = {0};
     int64_t n2 = 2 * n, row = -1, pattern = 0;
-    const int64_t n_pat = (int64_t)1 << n_sets;
     if (n_sets < 0 || n_sets > 30)
         return -1;
+    const int64_t n_pat = (int64_t)1 << n_sets;
     for (int64_t i = 0; i < n2; i++) {
         int64_t j = order[i], t;
         int f;
@@ -64,8 +64,10 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
  * min_bytes, gsize). Ties as the numpy path: the rank of an extreme is that
  * of the last sorted row holding it, the latest issuer the highest rank
  * holding the latest issue; a float extreme that is NaN (every row NaN)
- * takes sorted row 0's rank. Writes one row per distinct key (out[f][0..k))
- * and returns k. */
+ * takes sorted row 0's rank. (A float extreme among zeros of both signs may
+ * keep the other zero than numpy's vectorised reduction: traces hold sizes
+ * that are integers, never -0.) Writes one row per distinct key
+ * (out[f][0..k)) and returns k. */
 enum { F_KEY, F_OP, F_MIN_START, F_MAX_START, F_SUM_END, F_N, F_BYTES, F_LAST_RANK, F_OP_MAX, F_MIN_BYTES,
        F_MIN_BYTES_RANK, F_MAX_BYTES_RANK, F_GSIZE, F_SRC_MIN, F_SRC_MAX, F_SRC_MIN_RANK, F_SRC_MAX_RANK,
        F_DT_MIN, F_DT_MAX, F_DT_MIN_RANK, F_DT_MAX_RANK, N_FIELDS };

@@ -45,13 +45,14 @@ def build(path: str) -> bool:
     renamed; two processes building at once both succeed)."""
     cc = os.environ.get("CC") or "cc"
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=os.path.dirname(path))
     os.close(fd)
     try:
         proc = subprocess.run([cc, "-O2", "-std=c99", "-shared", "-fPIC", "-o", tmp, SOURCE],
                               capture_output=True, timeout=120)
         if proc.returncode != 0:
             return False
+        os.chmod(tmp, 0o755)        # mkstemp's 0600: others sharing the folder could not load it
         os.replace(tmp, path)
         return True
     except (OSError, subprocess.SubprocessError):
@@ -72,7 +73,7 @@ SIGNATURES = {
 def kernel(name: str = "commprof_pattern_sweep") -> Any:
     """A compiled kernel by name, or None where the numpy path is to be used."""
     global _lib
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     if _lib is None:
         with _lock:

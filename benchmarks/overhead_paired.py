@@ -92,8 +92,8 @@ def build(workload, batch, workers=0, pin=False):
 
         batch = batch or 64
         model = torchvision.models.resnet50(num_classes=1000)
-        data = TensorDataset(torch.randint(0, 256, (batch * 8, 3, 224, 224), dtype=torch.uint8),
-                             torch.randint(0, 1000, (batch * 8,)))
+        data = TensorDataset(torch.randint(0, 256, (batch * 32, 3, 224, 224), dtype=torch.uint8),
+                             torch.randint(0, 1000, (batch * 32,)))   # 32 batches: fewer loader restarts
     else:  # workloads/resnet.py --arch resnet18 --batch-size 16 --image-size 64 (synthetic data)
         import torchvision
 

@@ -39,7 +39,7 @@ def both(fn, *args):
 @needs_cc
 def test_the_kernel_is_built_and_used_where_a_compiler_is():
     assert native.kernel() is not None
-    assert os.path.exists(native.library_path())
+    assert os.stat(native.library_path()).st_mode & 0o555 == 0o555     # others sharing the folder load it too
 
 
 windows = st.lists(st.tuples(st.integers(0, 40), st.integers(-3, 60)), min_size=1, max_size=6)

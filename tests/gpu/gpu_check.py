@@ -428,6 +428,16 @@ def median_step(out, name):
         return statistics.median(json.load(fh)[5:])
 
 
+def run_failed(name, median):
+    """A run of an overhead pair that failed: a non-zero exit, a timeout, or
+    an exit 0 without its step times; one left out (``not run (...)``: the
+    budget, the dry run) has not failed."""
+    rc = SUMMARY["runs"].get(name, {}).get("rc")
+    if rc is None or (isinstance(rc, str) and rc.startswith("not run")):
+        return False
+    return rc != 0 or median is None
+
+
 def overhead(medians, plains, recordeds, bound):
     """Recorded / plain - 1 (%) from the mean of each side's run medians,
     over the pairs whose both runs completed (a pair is the i-th plain and
@@ -632,9 +642,7 @@ def main():
         if medians[plains[0]] is None or medians[recordeds[0]] is None:
             continue            # not run (verdict says which)
         over[wl] = overhead(medians, plains, recordeds, OVERHEAD_BOUND_PCT["gpu" if cuda else "dry"][wl])
-        # a run of a later pair that failed (not one left out) fails the check
-        failed = [n for n in plains + recordeds if isinstance(SUMMARY["runs"].get(n, {}).get("rc"), int)
-                  and SUMMARY["runs"][n]["rc"] != 0]
+        failed = [n for n in plains + recordeds if run_failed(n, medians[n])]
         check(args.out, f"overhead {wl}", over[wl]["overhead_pct"] <= over[wl]["bound_pct"] and not failed,
               **over[wl], failed_runs=failed)
     SUMMARY["overhead"] = over

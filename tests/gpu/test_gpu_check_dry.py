@@ -48,6 +48,18 @@ def test_overhead_is_taken_over_the_pairs_that_completed():
     assert o["pairs"] == 1 and o["overhead_pct"] == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize("rc, median, failed", [
+    (0, 0.01, False), ("not run (budget)", None, False), ("not run (dry run: one pair)", None, False),
+    (None, None, False), (1, None, True), ("timeout", None, True), (0, None, True)])
+def test_a_pair_run_that_timed_out_or_wrote_no_steps_has_failed(monkeypatch, rc, median, failed):
+    """Left out (the budget, the dry run) is not a failure; a timeout, a
+    non-zero exit or an exit 0 without step times is: the overhead check
+    then fails instead of passing on the other pair alone."""
+    runs = {} if rc is None else {"r50-recorded-2": {"rc": rc}}
+    monkeypatch.setitem(gpu_check.SUMMARY, "runs", runs)
+    assert gpu_check.run_failed("r50-recorded-2", median) is failed
+
+
 @pytest.mark.slow
 def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     _, proc, summary = full_dry_run
