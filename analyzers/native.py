@@ -26,6 +26,7 @@ ENV_SWITCH = "COMMPROF_ANALYZERS_NATIVE"
 
 _lock = threading.Lock()
 _lib: Any = None      # the loaded library; False when tried and unavailable
+_why = ""             # why it is unavailable, for :func:`status`
 
 
 def library_path() -> Optional[str]:
@@ -43,23 +44,41 @@ def library_path() -> Optional[str]:
 def build(path: str) -> bool:
     """Compile the kernel to ``path`` (atomically: a file of its own, then
     renamed; two processes building at once both succeed)."""
+    global _why
     cc = os.environ.get("CC") or "cc"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=os.path.dirname(path))
     os.close(fd)
     try:
         proc = subprocess.run([cc, "-O2", "-std=c99", "-shared", "-fPIC", "-o", tmp, SOURCE],
-                              capture_output=True, timeout=120)
+                              capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[0]
+            _why = f"the C compiler {cc!r} failed: {first[:200]}"
             return False
         os.chmod(tmp, 0o755)        # mkstemp's 0600: others sharing the folder could not load it
         os.replace(tmp, path)
         return True
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError) as exc:
+        _why = f"no C compiler ({cc!r}: {exc.__class__.__name__})" if isinstance(exc, FileNotFoundError) \
+            else f"could not build ({exc!r})"
         return False
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _off() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def status() -> str:
+    """Which path the analyzers use, in words (``commprof report --timings``)."""
+    if _off():
+        return f"numpy ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
+    if kernel() is not None:
+        return f"compiled ({library_path()})"
+    return f"numpy ({_why or 'the compiled kernels could not be loaded'})"
 
 
 _P = ctypes.c_void_p
@@ -73,7 +92,7 @@ SIGNATURES = {
 def kernel(name: str = "commprof_pattern_sweep") -> Any:
     """A compiled kernel by name, or None where the numpy path is to be used."""
     global _lib
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if _off():
         return None
     if _lib is None:
         with _lock:
@@ -83,8 +102,10 @@ def kernel(name: str = "commprof_pattern_sweep") -> Any:
 
 
 def _load() -> Any:
+    global _why
     path = library_path()
     if path is None:
+        _why = f"its source is missing ({SOURCE})"
         return False
     try:
         if not os.path.exists(path) and not build(path):
@@ -93,6 +114,7 @@ def _load() -> Any:
         for name, (args, res) in SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
-    except (OSError, AttributeError):
+    except (OSError, AttributeError) as exc:
+        _why = f"could not build or load {path} ({exc!r})"
         return False
     return lib

@@ -108,7 +108,8 @@ def _add_report_parser(sub) -> None:
                      help="comma-separated metadata keys that define a configuration "
                           "(default: framework,loader,model,batch_size + labels)")
     rep.add_argument("--timings", action="store_true",
-                     help="print the seconds spent per analysis stage to stderr (to find a slow stage)")
+                     help="print the seconds spent per analysis stage to stderr (to find a slow stage), and "
+                          "whether the compiled analysis kernels or numpy ran (and why)")
     rep.add_argument("--peak-tflops", type=float, default=None, metavar="T",
                      help="the GPU's peak TFLOP/s for MFU (default: a table of common GPUs by device name)")
     _face_options(rep)
@@ -687,5 +688,8 @@ def cmd_report(args) -> int:
     if args.timings:
         stages = list(cmp_.timings or []) + [("render and write", time.perf_counter() - t_render)]
         width = max(len(k) for k, _ in stages)
-        sys.stderr.write("commprof: time per stage\n" + "".join(f"  {k:<{width}}  {v:8.2f} s\n" for k, v in stages))
+        from .analyzers import native
+
+        sys.stderr.write("commprof: time per stage\n" + "".join(f"  {k:<{width}}  {v:8.2f} s\n" for k, v in stages)
+                         + f"  analysis kernels: {native.status()}\n")
     return 0

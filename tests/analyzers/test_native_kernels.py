@@ -39,6 +39,7 @@ def both(fn, *args):
 @needs_cc
 def test_the_kernel_is_built_and_used_where_a_compiler_is():
     assert native.kernel() is not None
+    assert native.status() == f"compiled ({native.library_path()})"
     assert os.stat(native.library_path()).st_mode & 0o555 == 0o555     # others sharing the folder load it too
 
 
@@ -94,13 +95,20 @@ def test_without_a_compiler_the_numpy_path_reports(tmp_path):
     cache = tmp_path / "cache"
     code = ("from commprof.analyzers import native, intervals\nimport numpy as np\n"
             "assert native.kernel() is None\n"
+            "assert native.status().startswith(\"numpy (the C compiler 'false' failed\"), native.status()\n"
             "t, w = intervals.pattern_table(np.array([0, 2]), np.array([10, 5]), np.array([0, 1]), 1)\n"
             "print(t.tolist())")
     env = dict(os.environ, CC="false", COMMPROF_NATIVE_DIR=str(cache))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[0] == "[[7.0, 3.0]]"
-    assert not list(cache.glob("*.so"))
+    assert not list(cache.glob("*.so")) and not list(cache.glob(".building-*"))
+    for extra, said in (({"CC": "/nonexistent/cc"}, "numpy (no C compiler ('/nonexistent/cc'"),
+                        ({native.ENV_SWITCH: "off"}, f"numpy ({native.ENV_SWITCH}=off)")):
+        env = dict(os.environ, COMMPROF_NATIVE_DIR=str(cache), **extra)
+        proc = subprocess.run([sys.executable, "-c", "from commprof.analyzers import native; print(native.status())"],
+                              capture_output=True, text=True, env=env, cwd=ROOT)
+        assert proc.stdout.startswith(said), proc.stdout + proc.stderr
 
 
 inst_rows = st.lists(st.tuples(
