@@ -21,6 +21,8 @@ import tempfile
 import threading
 from typing import Any, Optional
 
+from ..trace.files import native_cache_dir
+
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels.c")
 ENV_SWITCH = "COMMPROF_ANALYZERS_NATIVE"
 
@@ -36,8 +38,7 @@ def library_path() -> Optional[str]:
             digest = hashlib.sha256(fh.read()).hexdigest()[:12]
     except OSError:
         return None
-    root = os.environ.get("COMMPROF_NATIVE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "commprof",
-                                                                   "native")
+    root = native_cache_dir()
     return os.path.join(root, f"kernels-{sys.platform}-{platform.machine()}-{digest}.so")
 
 

@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Optional
 
+from ..trace.files import native_cache_dir
+
 NAME = "commprof_pghooks"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_pghooks.cpp")
 
@@ -55,8 +57,7 @@ def build_dir() -> Optional[str]:
     except OSError:
         return None
     key = f"torch{tv}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}".replace("+", "_")
-    root = os.environ.get("COMMPROF_NATIVE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "commprof",
-                                                                   "native")
+    root = native_cache_dir()
     return os.path.join(root, key)
 
 

@@ -46,3 +46,11 @@ def atomic_write(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     with atomic_open(path) as fh:
         fh.write(text)
+
+
+def native_cache_dir() -> str:
+    """Where commprof keeps what it compiles (the native DDP hooks, the
+    analyzers' kernels): ``$COMMPROF_NATIVE_DIR``, default
+    ``~/.cache/commprof/native``."""
+    return os.environ.get("COMMPROF_NATIVE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "commprof",
+                                                                   "native")
