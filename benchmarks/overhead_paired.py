@@ -69,7 +69,7 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset  # noqa: E402
 
 from commprof.record import session  # noqa: E402
 from commprof.record.config import Config  # noqa: E402
@@ -93,14 +93,20 @@ def build(workload, batch, workers=0, pin=False):
         batch = batch or 64
         model = torchvision.models.resnet50(num_classes=1000)
         data = TensorDataset(torch.randint(0, 256, (batch * 32, 3, 224, 224), dtype=torch.uint8),
-                             torch.randint(0, 1000, (batch * 32,)))   # 32 batches: fewer loader restarts
+                             torch.randint(0, 1000, (batch * 32,)))
     else:  # workloads/resnet.py --arch resnet18 --batch-size 16 --image-size 64 (synthetic data)
         import torchvision
 
         batch = batch or 16
         model = torchvision.models.resnet18(num_classes=100)
         data = TensorDataset(torch.randn(batch * 8, 3, 64, 64), torch.randint(0, 100, (batch * 8,)))
-    loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
+    # One epoch for the whole run: a new epoch's first batch waits for the
+    # loader's workers (~50 ms with 8 workers on the H200), and with a
+    # 32-batch epoch and a round of 4 arms x 5 steps every such restart fell
+    # in a timed block of the same arm (the 'plain' one: +5.7 ms a step on
+    # average, measured), so the epoch is made longer than any run.
+    sampler = RandomSampler(data, num_samples=len(data) * 100_000)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler, drop_last=True, num_workers=workers,
                         pin_memory=pin, persistent_workers=workers > 0)
     return model, loader
 

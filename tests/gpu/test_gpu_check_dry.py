@@ -36,28 +36,30 @@ def test_the_plan_fits_the_device_time():
     assert set(gpu_check.PLANNED_CHECKS) == {n for n, _ in gpu_check.PLAN}
 
 
-def test_overhead_is_taken_over_the_pairs_that_completed():
-    """Two pairs in ABBA order on a machine that drifts: the mean over both
-    pairs is the figure checked, each pair's own beside it; a pair with a
-    run missing is left out, not half-counted."""
-    med = {"p1": 0.010, "r1": 0.011, "r2": 0.013, "p2": 0.012}
-    o = gpu_check.overhead(med, ("p1", "p2"), ("r1", "r2"), 3.0)
-    assert o["pairs"] == 2 and o["per_pair_pct"] == [10.0, 8.33]
-    assert o["overhead_pct"] == pytest.approx(100 * (0.012 / 0.011 - 1))
-    o = gpu_check.overhead(dict(med, p2=None), ("p1", "p2"), ("r1", "r2"), 3.0)
-    assert o["pairs"] == 1 and o["overhead_pct"] == pytest.approx(10.0)
+def _raw(plain, record, plain2, ranks=1):
+    """overhead_paired.py's --json: per rank, per arm, (CPU ns, wall ns) per round."""
+    arms = {"plain": plain, "record": record, "plain2": plain2}
+    return {"ranks": [{"arms": {a: [(w * 1.1, w) for w in v] for a, v in arms.items()}} for _ in range(ranks)]}
 
 
-@pytest.mark.parametrize("rc, median, failed", [
-    (0, 0.01, False), ("not run (budget)", None, False), ("not run (dry run: one pair)", None, False),
-    (None, None, False), (1, None, True), ("timeout", None, True), (0, None, True)])
-def test_a_pair_run_that_timed_out_or_wrote_no_steps_has_failed(monkeypatch, rc, median, failed):
-    """Left out (the budget, the dry run) is not a failure; a timeout, a
-    non-zero exit or an exit 0 without step times is: the overhead check
-    then fails instead of passing on the other pair alone."""
-    runs = {} if rc is None else {"r50-recorded-2": {"rc": rc}}
-    monkeypatch.setitem(gpu_check.SUMMARY, "runs", runs)
-    assert gpu_check.run_failed("r50-recorded-2", median) is failed
+def test_paired_overhead_is_the_mean_of_the_rounds_differences():
+    """Each round's recorded block against the same round's plain block: a
+    drift shared by the blocks of a round cancels; the A/A control and the
+    95 % interval beside the figure (block means in ns)."""
+    plain = [40e6, 44e6, 48e6, 52e6]                 # the machine slows down through the run
+    record = [p + d for p, d in zip(plain, (0.8e6, 1.0e6, 1.2e6, 1.0e6))]
+    plain2 = [p + d for p, d in zip(plain, (0.1e6, -0.1e6, 0.0, 0.0))]
+    o = gpu_check.paired_overhead(_raw(plain, record, plain2, ranks=2), 3.0)
+    assert o["plain_ms"] == pytest.approx(46.0) and o["recorded_ms"] == pytest.approx(47.0)
+    assert o["overhead_pct"] == pytest.approx(100 / 46)
+    assert o["cpu_overhead_ms"] == pytest.approx(1.1)
+    assert o["aa_pct"] == pytest.approx(0.0, abs=1e-9)
+    # 1.96 x the standard error of (0.8, 1.0, 1.2, 1.0) ms over 46 ms
+    assert o["ci95_pct"] == pytest.approx(100 * 1.96 * 0.163299 / 2 / 46, rel=1e-4)
+    assert o["rounds"] == 4 and o["ranks"] == 2 and o["bound_pct"] == 3.0
+    # two separate runs' medians: their plain / recorded ratio, no interval (a figure only)
+    assert gpu_check.run_overhead({"p": 0.046, "r": 0.043}, "p", "r")["overhead_pct"] == pytest.approx(-6.52, abs=0.01)
+    assert gpu_check.run_overhead({"p": 0.046, "r": None}, "p", "r") is None
 
 
 @pytest.mark.slow
@@ -67,9 +69,8 @@ def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     assert summary["verdict"] == "pass" and summary["ok"] is True and summary["dry_run"] is True
     assert summary["plan_total_s"] <= gpu_check.PLAN_LIMIT_S
     assert set(summary["runs"]) == {n for n, _ in gpu_check.PLAN}
-    ran = {n: r for n, r in summary["runs"].items() if n not in gpu_check.SECOND_PAIRS}
+    ran = summary["runs"]
     assert all(r["rc"] == 0 and r["left_behind"] == [] for r in ran.values())
-    assert all(summary["runs"][n]["rc"].startswith("not run (dry run") for n in gpu_check.SECOND_PAIRS)
     assert summary["not_run"] == {}
     planned = {c for cs in gpu_check.PLANNED_CHECKS.values() for c in cs}
     assert planned <= set(summary["checks"])
@@ -78,10 +79,14 @@ def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     # what cannot apply on a CPU says so (and why); the rest ran and passed
     assert {n for n, s in statuses.items() if s == "n/a"} == {
         "telemetry: NVML sampled", "kernel mode: convolution kernels found", "kernel mode: NCCL kernels found"}
-    assert set(summary["overhead"]) == {"r50", "r18", "r18 comm-hook"}
+    assert set(summary["overhead"]) == set(gpu_check.PAIRED) == {"r50", "r18"}
+    for o in summary["overhead"].values():    # the in-process runs' figures, read from their JSON
+        assert o["rounds"] == 6 and o["ranks"] == 1 and o["plain_ms"] > 0
+    assert statuses["overhead r50"] == statuses["overhead r18"] == "pass"
+    assert set(summary["overhead_runs"]) == {"r50", "r18", "r18 comm-hook"}
+    assert all(o["plain_ms"] > 0 and o["recorded_ms"] > 0 for o in summary["overhead_runs"].values())
     for name in ("r18-rec", "r18-rec-hook"):   # both DDP timing points pass the device checks
         assert statuses[f"{name}: device rows"] == "pass", name
-    assert all(o["pairs"] == 1 for o in summary["overhead"].values())
     for run in ran.values():
         assert os.path.exists(run["log"])
 
