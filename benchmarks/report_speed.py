@@ -23,6 +23,7 @@ the forking parent's).
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -91,6 +92,13 @@ def main():
     print(f"| {n:,} events ({args.ranks} ranks x {steps:,} steps, {size / 1e6:.0f} MB) "
           f"| {s_best:.2f} s, {s_peak:.0f} MiB | {r_best:.2f} s, {r_peak:.0f} MiB | x{r_best / s_best:.1f} "
           f"| {min(warm):.2f} s |")
+    # each report against the scan run just before it: the scan's own time
+    # varies by x1.8 between hours on a VM (fresh memory: page faults), so
+    # the pairs' ratios say how much of a best-vs-best ratio is the scan's luck
+    ratios = sorted(r / s for (s, _), (r, _) in zip(scans, runs))
+    print(f"pairs (report / the scan just before it), {len(ratios)}: median x{statistics.median(ratios):.2f}, "
+          f"range x{ratios[0]:.2f}-x{ratios[-1]:.2f}; scans {min(w for w, _ in scans):.2f}-"
+          f"{max(w for w, _ in scans):.2f} s, reports {r_best:.2f}-{max(w for w, _ in runs):.2f} s")
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)
 
