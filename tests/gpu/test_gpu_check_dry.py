@@ -62,6 +62,25 @@ def test_paired_overhead_is_the_mean_of_the_rounds_differences():
     assert gpu_check.run_overhead({"p": 0.046, "r": None}, "p", "r") is None
 
 
+def test_an_overhead_run_that_failed_fails_the_verdict(monkeypatch, tmp_path):
+    """An in-process overhead run that timed out (or exited non-zero) has
+    no figure: its check is *not run*, naming the run, and the verdict
+    fails; one over its bound fails as itself."""
+    summary = {"verdict": None, "ok": None, "checks": {}, "runs": {}, "not_run": {}}
+    monkeypatch.setattr(gpu_check, "SUMMARY", summary)
+    for run in gpu_check.PLANNED_CHECKS:
+        summary["runs"][run] = {"rc": 0, "left_behind": []}
+        for name in gpu_check.PLANNED_CHECKS[run]:
+            summary["checks"][name] = {"status": "pass"}
+    del summary["checks"]["overhead r50"]
+    summary["runs"]["r50-paired"] = {"rc": "timeout", "left_behind": [], "log": "r50-paired.log"}
+    gpu_check.check(str(tmp_path), "overhead r18", False, overhead_pct=12.0, bound_pct=10.0)
+    assert gpu_check.verdict(str(tmp_path)) is False
+    assert summary["checks"]["overhead r50"]["status"] == "not run"
+    assert "r50-paired failed (rc=timeout" in summary["not_run"]["overhead r50"]
+    assert summary["failed"] == ["overhead r18"]
+
+
 @pytest.mark.slow
 def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     _, proc, summary = full_dry_run
