@@ -270,20 +270,31 @@ def mean_ci(v):
     return m, 1.96 * se
 
 
+def arm_costs(ranks):
+    """Per arm, its cost against ``plain`` from the ranks' block means (CPU
+    ns, wall ns per step, one pair per round): per round the arm's block
+    minus the same round's plain block, averaged over ranks; returns arm ->
+    ((CPU mean, its 95 % half-width), CPU median, (wall mean, half-width)),
+    and the plain step's (CPU, wall) means. Also read by the GPU check
+    (tests/gpu/gpu_check.py)."""
+    rounds = min(len(v) for r in ranks for v in r["arms"].values())
+    base_cpu = statistics.fmean(c for r in ranks for c, _w in r["arms"]["plain"][:rounds])
+    base_wall = statistics.fmean(w for r in ranks for _c, w in r["arms"]["plain"][:rounds])
+    rows = {}
+    for arm in ranks[0]["arms"]:
+        dc = [statistics.fmean(r["arms"][arm][i][0] - r["arms"]["plain"][i][0] for r in ranks)
+              for i in range(rounds)]
+        dw = [statistics.fmean(r["arms"][arm][i][1] - r["arms"]["plain"][i][1] for r in ranks)
+              for i in range(rounds)]
+        rows[arm] = (mean_ci(dc), statistics.median(dc), mean_ci(dw))
+    return rows, (base_cpu, base_wall)
+
+
 def summarize(ranks, args):
     arms = list(ranks[0]["arms"])
-    base_cpu = statistics.fmean(c for r in ranks for c, _w in r["arms"]["plain"])
-    base_wall = statistics.fmean(w for r in ranks for _c, w in r["arms"]["plain"])
+    rows, (base_cpu, base_wall) = arm_costs(ranks)
     writer = statistics.fmean(r["writer_ns_per_step"] for r in ranks)
     events = statistics.fmean(r["events_per_step"] for r in ranks)
-    # per round: cost of each arm vs the same round's plain block, averaged over ranks
-    rows = {}
-    for arm in arms:
-        dc = [statistics.fmean(r["arms"][arm][i][0] - r["arms"]["plain"][i][0] for r in ranks)
-              for i in range(args.rounds)]
-        dw = [statistics.fmean(r["arms"][arm][i][1] - r["arms"]["plain"][i][1] for r in ranks)
-              for i in range(args.rounds)]
-        rows[arm] = (mean_ci(dc), statistics.median(dc), mean_ci(dw))
     lines = [f"{args.workload}: {args.nproc} rank(s), DDP over {'NCCL' if args.device == 'cuda' else 'gloo'}, "
              f"batch {args.batch or 'default'}, {args.workers} loader workers, "
              f"{args.rounds} rounds x {len(arms)} arms, blocks of {args.steps} timed steps (+1 left out) "

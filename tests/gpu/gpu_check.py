@@ -441,29 +441,22 @@ def run_overhead(medians, plain, recorded):
             "overhead_pct": 100 * (medians[recorded] / medians[plain] - 1)}
 
 
-def _mean_ci(v):
-    m = statistics.fmean(v)
-    return m, (1.96 * statistics.stdev(v) / len(v) ** 0.5 if len(v) > 1 else float("nan"))
-
-
 def paired_overhead(raw, bound):
     """The in-process overhead from ``overhead_paired.py --json``'s block
-    means: per round, a recorded block's mean step minus the same round's
-    plain block's (wall time, averaged over ranks); the mean over rounds
-    with its 95 % interval, in % of the plain step; the A/A control
-    (``plain2`` - ``plain``) beside it, the method's own noise."""
-    ranks = [r["arms"] for r in raw["ranks"]]
-    rounds = min(len(a["plain"]) for a in ranks)
-    plain = statistics.fmean(a["plain"][i][1] for a in ranks for i in range(rounds))
+    means (its :func:`arm_costs`: per round, a recorded block's mean step
+    minus the same round's plain block's, averaged over ranks): the wall
+    time's mean over rounds with its 95 % interval, in % of the plain step;
+    the CPU cost; the A/A control (``plain2`` - ``plain``) beside it, the
+    method's own noise."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from overhead_paired import arm_costs
 
-    def cost(arm, col):
-        return _mean_ci([statistics.fmean(a[arm][i][col] - a["plain"][i][col] for a in ranks)
-                         for i in range(rounds)])
-
-    (m, ci), (mc, _), (aa, aa_ci) = cost("record", 1), cost("record", 0), cost("plain2", 1)
+    rows, (_cpu, plain) = arm_costs(raw["ranks"])
+    ((mc, _), _med, (m, ci)), (_c, _m, (aa, aa_ci)) = rows["record"], rows["plain2"]
     return {"plain_ms": plain / 1e6, "recorded_ms": (plain + m) / 1e6, "overhead_pct": 100 * m / plain,
             "ci95_pct": 100 * ci / plain, "cpu_overhead_ms": mc / 1e6, "aa_pct": 100 * aa / plain,
-            "aa_ci95_pct": 100 * aa_ci / plain, "rounds": rounds, "ranks": len(ranks), "bound_pct": bound}
+            "aa_ci95_pct": 100 * aa_ci / plain, "rounds": min(len(v) for v in raw["ranks"][0]["arms"].values()),
+            "ranks": len(raw["ranks"]), "bound_pct": bound}
 
 
 def plan_total_s():
