@@ -87,6 +87,7 @@ OVERHEAD_RUNS = {"r50": ("r50-plain", "r50-recorded"), "r18": ("r18-plain", "r18
 #: HBM3e is 4.8 TB/s; a one-rank collective is at most a device copy)
 PHYSICAL_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0, "cpu": 200.0}
 MARKER = "COMMPROF_GPU_CHECK_RUN"
+EXIT_GRACE_S = 2.0  # how long a run's helpers may take to leave after its main process
 INJECT = ("skip", "missing-trace", "device-before-host", "orphan")
 
 SUMMARY = {"verdict": None, "ok": None, "checks": {}, "runs": {}, "not_run": {}, "plan": [],
@@ -159,6 +160,30 @@ def marked_processes(tag):
     return pids
 
 
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+def exited_within(tag, grace_s):
+    """The run's processes still alive ``grace_s`` after its main process
+    ended, and those that ended within it (pid -> command line). A helper
+    that leaves when its parent does (multiprocessing's resource tracker
+    reads EOF on its pipe, then exits) is still in /proc for a few
+    milliseconds; it has not outlived the run."""
+    first = {pid: cmdline(pid) for pid in marked_processes(tag)}
+    deadline = time.monotonic() + grace_s
+    left = list(first)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = marked_processes(tag)
+    late = {pid: cmd for pid, cmd in first.items() if pid not in left}
+    return left, late
+
+
 def gpu_processes():
     """PIDs of compute processes on the GPUs (NVML), or None without NVML."""
     try:
@@ -193,16 +218,18 @@ def run(out, name, cmd, env, timeout, fault=None):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             rc = "timeout"
-    left = marked_processes(name)
+    left, late = exited_within(name, EXIT_GRACE_S)
+    left_cmd = {pid: cmdline(pid) for pid in left}
+    ours = sorted(set(gpu_processes() or []) & set(left)) if left else []
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    on_gpu = gpu_processes()
-    ours = sorted(set(on_gpu or []) & set(left))
+    exited_within(name, EXIT_GRACE_S)  # SIGKILL is delivered, not waited for: gone before the next run
     SUMMARY["runs"][name] = {"rc": rc, "wall_s": round(time.monotonic() - t0, 1), "timeout_s": timeout, "log": log,
-                             "left_behind": left, "left_on_gpu": ours}
+                             "left_behind": left, "left_on_gpu": ours, "left_cmd": left_cmd,
+                             "exited_late": late}
     save(out)
     print(f"run {name}: rc={rc} in {SUMMARY['runs'][name]['wall_s']} s"
           + (f"; {len(left)} process(es) left behind, killed" if left else ""), flush=True)
@@ -474,7 +501,8 @@ def verdict(out):
                        f"its run {run_name} failed (rc={r.get('rc')}, see {r.get('log')})" if r else
                        f"its run {run_name} did not happen")
                 not_run(out, name, why)
-    left = {n: r["left_behind"] for n, r in SUMMARY["runs"].items() if r.get("left_behind")}
+    left = {n: list((r.get("left_cmd") or {}).values()) or r["left_behind"]
+            for n, r in SUMMARY["runs"].items() if r.get("left_behind")}
     check(out, "no process outlives its run", not left, left_behind=left)
     statuses = [c["status"] for c in SUMMARY["checks"].values()]
     good = all(s in ("pass", "n/a") for s in statuses)

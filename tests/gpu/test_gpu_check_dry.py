@@ -139,4 +139,18 @@ def test_a_planted_fault_fails_the_verdict_with_its_check_named(full_dry_run, tm
         assert failing in summary["failed"]
     if fault == "orphan":  # found, named and killed: nothing of the run is left
         assert len(summary["runs"]["r18-plain"]["left_behind"]) == 1
+        assert "sleep 300" in summary["checks"]["no process outlives its run"]["left_behind"]["r18-plain"][0]
         assert gpu_check.marked_processes("r18-plain") == []
+
+
+def test_a_helper_leaving_just_after_its_run_is_not_left_behind(tmp_path):
+    """A helper that exits as its parent does (multiprocessing's resource
+    tracker reads EOF, then leaves) is not an orphan; one still there
+    after the grace is, and is killed."""
+    ok = gpu_check.run(str(tmp_path), "helper", ["sh", "-c", "sleep 0.3 & exit 0"], dict(os.environ), 30)
+    left = gpu_check.SUMMARY["runs"]["helper"]
+    assert ok and left["left_behind"] == [] and "sleep 0.3" in list(left["exited_late"].values())[0]
+    gpu_check.run(str(tmp_path), "stays", ["sh", "-c", "sleep 60 & exit 0"], dict(os.environ), 30)
+    stays = gpu_check.SUMMARY["runs"]["stays"]
+    assert len(stays["left_behind"]) == 1 and "sleep 60" in stays["left_cmd"][stays["left_behind"][0]]
+    assert gpu_check.marked_processes("stays") == []
