@@ -57,6 +57,8 @@ def test_paired_overhead_is_the_mean_of_the_rounds_differences():
     # 1.96 x the standard error of (0.8, 1.0, 1.2, 1.0) ms over 46 ms
     assert o["ci95_pct"] == pytest.approx(100 * 1.96 * 0.163299 / 2 / 46, rel=1e-4)
     assert o["rounds"] == 4 and o["ranks"] == 2 and o["bound_pct"] == 3.0
+    assert o["decided"] is True                      # 2.17 % +- 0.35 %: below 3 % with its interval
+    assert gpu_check.paired_overhead(_raw(plain, record, plain2, ranks=2), 2.3)["decided"] is False
     # two separate runs' medians: their plain / recorded ratio, no interval (a figure only)
     assert gpu_check.run_overhead({"p": 0.046, "r": 0.043}, "p", "r")["overhead_pct"] == pytest.approx(-6.52, abs=0.01)
     assert gpu_check.run_overhead({"p": 0.046, "r": None}, "p", "r") is None
