@@ -483,7 +483,8 @@ def paired_overhead(raw, bound):
     ((mc, _), _med, (m, ci)), (_c, _m, (aa, aa_ci)) = rows["record"], rows["plain2"]
     pct, ci_pct = 100 * m / plain, 100 * ci / plain
     return {"plain_ms": plain / 1e6, "recorded_ms": (plain + m) / 1e6, "overhead_pct": pct,
-            "ci95_pct": ci_pct, "decided": abs(pct - bound) > ci_pct, "cpu_overhead_ms": mc / 1e6, "aa_pct": 100 * aa / plain,
+            "ci95_pct": ci_pct, "decided": abs(pct - bound) > ci_pct, "cpu_overhead_ms": mc / 1e6,
+            "aa_pct": 100 * aa / plain,
             "aa_ci95_pct": 100 * aa_ci / plain, "rounds": min(len(v) for v in raw["ranks"][0]["arms"].values()),
             "ranks": len(raw["ranks"]), "bound_pct": bound}
 
