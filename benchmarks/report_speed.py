@@ -80,10 +80,10 @@ def main():
     scan = [sys.executable, "-c", "import sys, pyarrow.parquet as pq; "
             f"pq.read_table(sys.argv[1], columns={REPORT_COLUMNS!r})", path]
     report = [sys.executable, "-m", "commprof", "report", path, "--format", "json", "-o", os.devnull]
-    scans, runs = [], []
+    scans, runs, scan_cpu, run_cpu = [], [], [], []
     for _ in range(args.repeats):  # interleaved, so both see the same machine
-        scans.append(timed(scan))
-        runs.append(timed(report))
+        scans.append(timed(scan, scan_cpu))
+        runs.append(timed(report, run_cpu))
     s_best, r_best = min(w for w, _ in scans), min(w for w, _ in runs)
     s_peak, r_peak = max(m for _, m in scans), max(m for _, m in runs)
     warm = subprocess.run([sys.executable, "-c", WARM_SCAN, path, repr(REPORT_COLUMNS)], check=True,
@@ -99,18 +99,26 @@ def main():
     print(f"pairs (report / the scan just before it), {len(ratios)}: median x{statistics.median(ratios):.2f}, "
           f"range x{ratios[0]:.2f}-x{ratios[-1]:.2f}; scans {min(w for w, _ in scans):.2f}-"
           f"{max(w for w, _ in scans):.2f} s, reports {r_best:.2f}-{max(w for w, _ in runs):.2f} s")
+    # CPU next to wall: the scan's system time is the kernel faulting in its
+    # memory, what moves its wall time from hour to hour
+    for name, cpu in (("scan", scan_cpu), ("report", run_cpu)):
+        print(f"{name} CPU, user + system (s): " + ", ".join(f"{u:.2f} + {k:.2f}" for u, k in cpu))
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def timed(cmd):
-    """(wall seconds, peak RSS MiB) of a command run as a fresh process."""
+def timed(cmd, cpu=None):
+    """(wall seconds, peak RSS MiB) of a command run as a fresh process;
+    its (user, system) CPU seconds appended to ``cpu`` when given."""
     t0 = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, capture_output=True, text=True)
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S"] + cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode:
         sys.exit(proc.stderr)
-    return wall, int(proc.stderr.strip().splitlines()[-1]) / 1024
+    rss, user, system = proc.stderr.strip().splitlines()[-1].split()
+    if cpu is not None:
+        cpu.append((float(user), float(system)))
+    return wall, int(rss) / 1024
 
 
 if __name__ == "__main__":
