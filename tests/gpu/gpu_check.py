@@ -477,17 +477,19 @@ def paired_overhead(raw, bound):
     the CPU cost; the A/A control (``plain2`` - ``plain``) beside it, the
     method's own noise; ``decided``: the interval lies wholly on one side
     of the bound (the verdict reads the mean either way)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    bench = os.path.join(ROOT, "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
     from overhead_paired import arm_costs
 
-    rows, (_cpu, plain) = arm_costs(raw["ranks"])
+    ranks = raw["ranks"]
+    rows, (_cpu, plain) = arm_costs(ranks)
     ((mc, _), _med, (m, ci)), (_c, _m, (aa, aa_ci)) = rows["record"], rows["plain2"]
     pct, ci_pct = 100 * m / plain, 100 * ci / plain
-    return {"plain_ms": plain / 1e6, "recorded_ms": (plain + m) / 1e6, "overhead_pct": pct,
-            "ci95_pct": ci_pct, "decided": abs(pct - bound) > ci_pct, "cpu_overhead_ms": mc / 1e6,
-            "aa_pct": 100 * aa / plain,
-            "aa_ci95_pct": 100 * aa_ci / plain, "rounds": min(len(v) for v in raw["ranks"][0]["arms"].values()),
-            "ranks": len(raw["ranks"]), "bound_pct": bound}
+    return {"plain_ms": plain / 1e6, "recorded_ms": (plain + m) / 1e6, "overhead_pct": pct, "ci95_pct": ci_pct,
+            "decided": abs(pct - bound) > ci_pct, "cpu_overhead_ms": mc / 1e6, "aa_pct": 100 * aa / plain,
+            "aa_ci95_pct": 100 * aa_ci / plain, "rounds": min(len(v) for r in ranks for v in r["arms"].values()),
+            "ranks": len(ranks), "bound_pct": bound}
 
 
 def plan_total_s():
