@@ -35,10 +35,17 @@ $(STAMP): $(PY) setup.cfg pyproject.toml requirements-torch.txt requirements-tes
 # On a machine without a GPU DeepSpeed builds its CPU shared-memory op at
 # every job's start until it is built (~20 s on 2 cores): built here, with
 # the venv's ninja on PATH as the tests' jobs have it (another ninja keeps
-# another build log: the jobs would build it again).
-$(OPS): $(STAMP)
+# another build log: the jobs would build it again). Then commprof's own
+# compiled parts, as `commprof record` and `commprof report` build them on
+# first use (~35 s on 2 cores; kept in ~/.cache/commprof/native): the native
+# DDP hooks and the analysis kernels. Where one cannot be built, commprof
+# uses its Python path and says why; the install goes on.
+$(OPS): $(STAMP) commprof/record/_pghooks.cpp analyzers/_kernels.c
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR=$(EXT) $(PY) -c "from deepspeed.accelerator \
 		import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -c "from commprof.record import native; native.build()" \
+		|| echo "commprof's native DDP hooks were not built: recorded jobs use the Python hooks"
+	$(PY) -c "from commprof.analyzers import native; native.kernel(); print('analysis kernels:', native.status())"
 	touch $(OPS)
 
 install: $(STAMP) $(OPS)

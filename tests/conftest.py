@@ -60,9 +60,10 @@ def _pure(item) -> bool:
 def native_hooks_built(request):
     """commprof's native process-group hooks, built once for the whole run
     (as `commprof record` builds them before a job): every recorded DDP run
-    of the suite then uses them, whatever the order of the tests. Where the
-    build fails, tests/record/test_native_hooks.py says why. Not built when
-    only tests that never record are collected."""
+    of the suite then uses them, whatever the order of the tests. `make
+    install` builds them already (this is then a check that they are
+    there); where the build fails, tests/record/test_native_hooks.py says
+    why. Not built when only tests that never record are collected."""
     if all(_pure(item) for item in request.session.items):
         return None
     return subprocess.run([sys.executable, "-c", "from commprof.record import native; native.build()"],
