@@ -84,13 +84,14 @@ def align(comm: Optional[pd.DataFrame], rank_metas: List[dict]) -> Tuple[Dict[in
     dom_off: Dict[tuple, int] = {ref: dom_wall.get(ref, 0)}
     code = {d: i for i, d in enumerate(names)}
     pairs = _instances(comm, dom, code) if comm is not None and len(comm) else None
+    estimates = _estimates(pairs, code[ref]) if pairs is not None else {}
     for d in names:
         ranks = sorted(r for r, x in dom.items() if x == d)
         guess = dom_wall.get(d, 0)
         if d == ref:
             rows.append(_row(d, ranks, guess, guess, 0.0, (0.0, 0.0), 0, "reference"))
             continue
-        est = _estimate(pairs, code[ref], code[d]) if pairs is not None else None
+        est = estimates.get(code[d])
         if est is None:
             dom_off[d] = guess
             rows.append(_row(d, ranks, guess, guess, float("nan"), (float("nan"),) * 2, 0,
@@ -179,7 +180,65 @@ def _reduce_instances(grp, sq, dm, t0, t1, blk, cols) -> pd.DataFrame:
     return out[cols]
 
 
+def _estimates(pairs: pd.DataFrame, ref: int) -> Dict[int, tuple]:
+    """:func:`_estimate` of every domain against ``ref`` at once: each
+    instance's row of another domain paired with its reference row by one
+    sorted lookup, the bounds by domain with ``reduceat`` (no join per
+    domain). Domains sharing no instance with ``ref`` are absent."""
+    dom = pairs["dom"].to_numpy(np.int64)
+    n_seq = int(pairs["seq"].max()) - int(pairs["seq"].min()) + 1 if len(pairs) else 1
+    inst = pairs["group"].to_numpy(np.int64) * n_seq + (pairs["seq"].to_numpy(np.int64) - int(pairs["seq"].min()))
+    is_ref = dom == ref
+    ref_inst = inst[is_ref]
+    order = np.argsort(ref_inst, kind="stable")
+    ref_rows = np.flatnonzero(is_ref)[order]
+    ref_inst = ref_inst[order]
+    pos = np.clip(np.searchsorted(ref_inst, inst), 0, max(len(ref_inst) - 1, 0))
+    has = ~is_ref & (len(ref_inst) > 0)
+    if len(ref_inst):
+        has &= ref_inst[pos] == inst
+    rows = np.flatnonzero(has)
+    if not len(rows):
+        return {}
+    rows = rows[np.argsort(dom[rows], kind="stable")]
+    a = ref_rows[pos[rows]]
+    d = dom[rows]
+    col = {c: pairs[c].to_numpy() for c in ("max_start", "min_end", "med_end", "blocking")}
+    lo_v = col["max_start"][a] - col["min_end"][rows]
+    hi_v = col["min_end"][a] - col["max_start"][rows]
+    diff_all = (col["med_end"][a] - col["med_end"][rows]).astype(np.float64)
+    both = col["blocking"][a].astype(bool) & col["blocking"][rows].astype(bool)
+    first = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
+    ends = np.r_[first[1:], len(d)]
+    los, his = np.maximum.reduceat(lo_v, first), np.minimum.reduceat(hi_v, first)
+    out = {}
+    for k, (s0, s1) in enumerate(zip(first.tolist(), ends.tolist())):
+        sync = both[s0:s1]
+        use_sync = int(sync.sum()) >= 3
+        diff = diff_all[s0:s1][sync] if use_sync else diff_all[s0:s1]
+        out[int(d[s0])] = _offset(diff, float(los[k]), float(his[k]), s1 - s0, "blocking" if use_sync else "all")
+    return out
+
+
+def _offset(diff: np.ndarray, lo: float, hi: float, n: int, kind: str) -> tuple:
+    """(offset, uncertainty, causal bounds, instances, method) from the
+    paired completions' differences and the causality bounds."""
+    est = float(np.median(diff))
+    # standard error of a median: 1.2533 sigma / sqrt(n), sigma from the MAD
+    mad = float(np.median(np.abs(diff - est))) * 1.4826
+    unc = 1.2533 * mad / np.sqrt(len(diff))
+    if lo <= hi:
+        off = min(max(est, lo), hi)
+        method = f"collectives ({kind} completions, within causality bounds)"
+    else:
+        off = est
+        method = f"collectives ({kind} completions; causality bounds conflict)"
+    return int(round(off)), unc, (lo, hi), int(n), method
+
+
 def _estimate(pairs: pd.DataFrame, ref, d):
+    """One domain's offset against ``ref`` by a join on (group, seq): the
+    reference :func:`_estimates` is checked against (tests)."""
     a = pairs[pairs["dom"] == ref].set_index(["group", "seq"])
     b = pairs[pairs["dom"] == d].set_index(["group", "seq"])
     j = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("_a", "_b"))
@@ -190,18 +249,7 @@ def _estimate(pairs: pd.DataFrame, ref, d):
     sync = j[j["blocking_a"] & j["blocking_b"]]
     base = sync if len(sync) >= 3 else j
     diff = (base["med_end_a"] - base["med_end_b"]).to_numpy(np.float64)
-    est = float(np.median(diff))
-    # standard error of a median: 1.2533 sigma / sqrt(n), sigma from the MAD
-    mad = float(np.median(np.abs(diff - est))) * 1.4826
-    unc = 1.2533 * mad / np.sqrt(len(diff))
-    kind = "blocking" if base is sync else "all"
-    if lo <= hi:
-        off = min(max(est, lo), hi)
-        method = f"collectives ({kind} completions, within causality bounds)"
-    else:
-        off = est
-        method = f"collectives ({kind} completions; causality bounds conflict)"
-    return int(round(off)), unc, (lo, hi), int(len(j)), method
+    return _offset(diff, lo, hi, len(j), "blocking" if base is sync else "all")
 
 
 def _violations(pairs: pd.DataFrame, dom_off: np.ndarray, n_domains: int) -> List[int]:

@@ -62,6 +62,33 @@ def test_past_the_call_budget_whole_instances_are_sampled_and_said(monkeypatch):
     assert "one instance in" not in full.set_index("host").loc["b", "method"]
 
 
+def test_every_domain_estimated_at_once_as_by_a_join_per_domain():
+    """clocks._estimates (one sorted lookup for all domains) against
+    clocks._estimate (a join per domain) on instances with gaps: some
+    missing on the reference or on a domain, one domain sharing none with
+    it, blocking and not (one domain with no blocking pair)."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for g in range(3):
+        for seq in range(5, 305):
+            for d in range(7):
+                if rng.random() < 0.15 or d == 6:      # gaps; domain 6 shares nothing
+                    continue
+                s0 = int(rng.integers(0, 10**9)) + d * 7 * S
+                rows.append((g, seq, d, s0, s0 + int(rng.integers(0, 10**6)), s0 + int(rng.integers(10**6, 10**7)),
+                             s0 + int(rng.integers(10**7, 10**8)), float(rng.integers(10**6, 10**8)),
+                             bool(d != 3 and rng.random() < 0.7)))
+    rows.append((7, 1, 6, 0, 1, 2, 3, 2.5, True))   # domain 6: an instance the reference does not have
+    pairs = pd.DataFrame(rows, columns=["group", "seq", "dom", "min_start", "max_start", "min_end", "max_end",
+                                        "med_end", "blocking"])
+    got = clocks._estimates(pairs, 0)
+    assert set(got) == {1, 2, 3, 4, 5}
+    for d in range(1, 7):
+        want = clocks._estimate(pairs, 0, d)
+        assert got.get(d) == want, (d, got.get(d), want)
+    assert "all completions" in got[3][4] and "blocking completions" in got[1][4]
+
+
 def test_causality_violations_are_counted_for_a_bad_offset():
     comm = comm_rows()
     dom = {0: ("a", "same"), 1: ("b", "same")}
