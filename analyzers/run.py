@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import breakdown, buckets, clocks, kernels, nodes, slowlinks, stragglers
+from . import breakdown, buckets, clocks, kernels, nodes, slowlinks
 from .collectives import CollectiveStats, _codes as _dict_codes
 from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline
@@ -68,9 +68,6 @@ class RunAnalysis:
     #: the fine grain (analyzers/buckets.py), aligned clocks, <= buckets.MAX_STEPS steps per rank
     fine_phases: pd.DataFrame = field(default_factory=pd.DataFrame)     # per (rank, step)
     fine_grads: pd.DataFrame = field(default_factory=pd.DataFrame)      # per (rank, step, bucket)
-    #: the per-step metrics' straggler verdicts (stragglers.step_verdicts of
-    #: ``steps``), computed beside the clock alignment; None: at report time
-    step_verdicts: Optional[List[dict]] = None
     #: seconds spent per analysis stage (``commprof report --timings``)
     timings: Dict[str, float] = field(default_factory=dict)
     #: (k, calls): clock alignment, scope, link and per-host bandwidth tables
@@ -593,16 +590,6 @@ def model_flops(rank_metas: List[dict]) -> Optional[float]:
     return None
 
 
-def _beside_alignment(steps: Frames, calls: Optional[pd.DataFrame], hosts: Dict[int, str], several: bool):
-    """(steps, their verdicts, per-scope table, per-link table): the part of
-    a run's analysis that needs no clock offsets."""
-    done = steps.finish()
-    verdicts = stragglers.step_verdicts(done)
-    if not several:
-        return done, verdicts, pd.DataFrame(), pd.DataFrame()
-    return done, verdicts, nodes.scope_table(calls, hosts), slowlinks.group_speeds(calls, hosts)
-
-
 def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                    batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None,
                    reread: Optional[Callable[[], Iterable[pa.Table]]] = None) -> RunAnalysis:
@@ -625,24 +612,27 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     t0 = time.perf_counter()
     cframe = acc.colls.aligned_frame()
     with ThreadPoolExecutor(max_workers=1) as pool:
-        # what reads no clock offsets is built beside the alignment and the
-        # folds on aligned clocks: the steps and their verdicts, the
-        # per-scope and per-link tables (they read the calls, not their
-        # offsets; a frame object of their own over the same arrays)
+        # the per-scope and per-link tables read the calls, not their clock
+        # offsets: built beside the alignment and the folds on aligned
+        # clocks (a frame object of their own over the same arrays). The
+        # steps' straggler verdicts could be too, but not within 2 GiB at
+        # 100 M events: they stay in the report, after the per-host table
         mine = cframe.copy(deep=False) if cframe is not None else None
-        side = pool.submit(_beside_alignment, acc.steps, mine, hosts, several)
+        side = pool.submit(lambda: (nodes.scope_table(mine, hosts), slowlinks.group_speeds(mine, hosts))
+                           if several else (pd.DataFrame(), pd.DataFrame()))
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()
         colls = acc.colls.finish(offsets)
         fine_phases, fine_grads = acc.fine.finish(offsets)
-        steps, verdicts, scope, links = side.result()
+        scope, links = side.result()
     if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
         counts = acc.colls.calls.frame()
         scope = nodes.with_counts(scope, counts, hosts, cframe)
         links = slowlinks.with_counts(links, counts)
     clock.since("collectives and fine grain folded" + ("; scope and link tables" if several else "")
                 + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
+    steps = acc.steps.finish()
     meta = _run_meta(meta, rank_metas, steps, batch_size)
     t0 = time.perf_counter()
     per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
@@ -654,5 +644,5 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         telemetry=acc.telemetry.finish(), phases=acc.phases.finish(),
         kernel_shares=acc.kernel_shares.finish(), gpu_breakdown=acc.gpu_breakdown.finish(),
         clocks=clock_table, offsets=offsets, hosts=hosts, nodes=per_host, scope=scope, links=links,
-        fine_phases=fine_phases, fine_grads=fine_grads, step_verdicts=verdicts, timings=clock.spent,
+        fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent,
         comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls))

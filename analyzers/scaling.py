@@ -273,8 +273,8 @@ def skew_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
 def straggler_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
     out = {}
     for key, members in run_groups(runs).items():
-        tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness(), m.colls.last_by_block(m.n_steps),
-                                        m.step_verdicts) for m in members]
+        tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness(), m.colls.last_by_block(m.n_steps))
+                  for m in members]
         tables = [t for t in tables if len(t)]
         if tables:
             out[key] = pd.concat(tables, ignore_index=True)

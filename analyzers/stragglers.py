@@ -183,23 +183,9 @@ def arrival_test(block_last: Sequence[Optional[int]], lateness: pd.DataFrame, ra
 
 
 def stragglers(steps: pd.DataFrame, lateness: Optional[pd.DataFrame] = None,
-               block_last: Optional[Sequence[Optional[int]]] = None,
-               step_rows: Optional[List[dict]] = None) -> pd.DataFrame:
+               block_last: Optional[Sequence[Optional[int]]] = None) -> pd.DataFrame:
     """Per metric: the accused ranks, or the most suspect rank and why it
-    is not accused (see the module docstring). ``step_rows``: what
-    :func:`step_verdicts` gives for these steps, where it was computed
-    already."""
-    rows: List[dict] = list(step_verdicts(steps) if step_rows is None else step_rows)
-    if block_last is not None and not steps.empty and steps["rank"].nunique() > 1:
-        rows += arrival_test(block_last, lateness, int(steps["rank"].nunique()),
-                             float(steps["step_time"].median()) / 1e6)
-    return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def step_verdicts(steps: pd.DataFrame) -> List[dict]:
-    """The verdicts of the per-step metrics (step time, work, data, ...):
-    they read the steps only, so a run's analysis computes them beside its
-    clock alignment."""
+    is not accused (see the module docstring)."""
     rows: List[dict] = []
     if not steps.empty and steps["rank"].nunique() > 1:
         where = cells(steps["rank"].to_numpy(), steps["step"].to_numpy())     # one matrix layout, every metric
@@ -207,7 +193,10 @@ def step_verdicts(steps: pd.DataFrame) -> List[dict]:
             v = steps["step_time"] - steps["comm"] if col == "work" else steps[col]
             rows += _verdicts(sign_tests(wide_at(where, v.to_numpy(np.float64))), metric)
             del v
-    return rows
+        if block_last is not None:
+            rows += arrival_test(block_last, lateness, int(steps["rank"].nunique()),
+                                 float(steps["step_time"].median()) / 1e6)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def accused(table: pd.DataFrame) -> pd.DataFrame:
