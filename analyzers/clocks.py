@@ -185,8 +185,10 @@ def _estimates(pairs: pd.DataFrame, ref: int) -> Dict[int, tuple]:
     instance's row of another domain paired with its reference row by one
     sorted lookup, the bounds by domain with ``reduceat`` (no join per
     domain). Domains sharing no instance with ``ref`` are absent."""
+    if not len(pairs):
+        return {}
     dom = pairs["dom"].to_numpy(np.int64)
-    n_seq = int(pairs["seq"].max()) - int(pairs["seq"].min()) + 1 if len(pairs) else 1
+    n_seq = int(pairs["seq"].max()) - int(pairs["seq"].min()) + 1
     inst = pairs["group"].to_numpy(np.int64) * n_seq + (pairs["seq"].to_numpy(np.int64) - int(pairs["seq"].min()))
     is_ref = dom == ref
     ref_inst = inst[is_ref]

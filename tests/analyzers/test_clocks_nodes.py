@@ -87,6 +87,11 @@ def test_every_domain_estimated_at_once_as_by_a_join_per_domain():
         want = clocks._estimate(pairs, 0, d)
         assert got.get(d) == want, (d, got.get(d), want)
     assert "all completions" in got[3][4] and "blocking completions" in got[1][4]
+    assert clocks._estimates(pairs.iloc[:0], 0) == {}
+    # collectives without sequence numbers: no instance to pair, the wall clock is kept
+    no_seq = comm_rows().assign(seq=np.nan)
+    offsets, table = clocks.align(no_seq, metas(wall_error_ns=7_000_000))
+    assert offsets[1] == -1000 * S + 7_000_000 and table.set_index("host").loc["b", "method"].startswith("wall")
 
 
 def test_causality_violations_are_counted_for_a_bad_offset():
