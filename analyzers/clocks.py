@@ -181,25 +181,22 @@ def _reduce_instances(grp, sq, dm, t0, t1, blk, cols) -> pd.DataFrame:
 
 
 def _estimates(pairs: pd.DataFrame, ref: int) -> Dict[int, tuple]:
-    """:func:`_estimate` of every domain against ``ref`` at once: each
-    instance's row of another domain paired with its reference row by one
-    sorted lookup, the bounds by domain with ``reduceat`` (no join per
-    domain). Domains sharing no instance with ``ref`` are absent."""
-    if not len(pairs):
-        return {}
+    """Per domain other than ``ref``: (offset, uncertainty, causal bounds,
+    instances, method) from the instances it shares with ``ref``, each of
+    its rows paired with the reference row of the same (group, seq) by one
+    sorted lookup, the bounds by domain with ``reduceat``. Domains sharing
+    no instance with ``ref`` are absent."""
     dom = pairs["dom"].to_numpy(np.int64)
-    n_seq = int(pairs["seq"].max()) - int(pairs["seq"].min()) + 1
-    inst = pairs["group"].to_numpy(np.int64) * n_seq + (pairs["seq"].to_numpy(np.int64) - int(pairs["seq"].min()))
     is_ref = dom == ref
-    ref_inst = inst[is_ref]
-    order = np.argsort(ref_inst, kind="stable")
+    if not is_ref.any():
+        return {}
+    seq = pairs["seq"].to_numpy(np.int64)
+    inst = pairs["group"].to_numpy(np.int64) * (int(seq.max()) - int(seq.min()) + 1) + (seq - int(seq.min()))
+    order = np.argsort(inst[is_ref], kind="stable")
     ref_rows = np.flatnonzero(is_ref)[order]
-    ref_inst = ref_inst[order]
-    pos = np.clip(np.searchsorted(ref_inst, inst), 0, max(len(ref_inst) - 1, 0))
-    has = ~is_ref & (len(ref_inst) > 0)
-    if len(ref_inst):
-        has &= ref_inst[pos] == inst
-    rows = np.flatnonzero(has)
+    ref_inst = inst[ref_rows]
+    pos = np.minimum(np.searchsorted(ref_inst, inst), len(ref_inst) - 1)
+    rows = np.flatnonzero(~is_ref & (ref_inst[pos] == inst))
     if not len(rows):
         return {}
     rows = rows[np.argsort(dom[rows], kind="stable")]
@@ -236,22 +233,6 @@ def _offset(diff: np.ndarray, lo: float, hi: float, n: int, kind: str) -> tuple:
         off = est
         method = f"collectives ({kind} completions; causality bounds conflict)"
     return int(round(off)), unc, (lo, hi), int(n), method
-
-
-def _estimate(pairs: pd.DataFrame, ref, d):
-    """One domain's offset against ``ref`` by a join on (group, seq): the
-    reference :func:`_estimates` is checked against (tests)."""
-    a = pairs[pairs["dom"] == ref].set_index(["group", "seq"])
-    b = pairs[pairs["dom"] == d].set_index(["group", "seq"])
-    j = a.merge(b, left_index=True, right_index=True, how="inner", suffixes=("_a", "_b"))
-    if j.empty:
-        return None
-    lo = float((j["max_start_a"] - j["min_end_b"]).max())
-    hi = float((j["min_end_a"] - j["max_start_b"]).min())
-    sync = j[j["blocking_a"] & j["blocking_b"]]
-    base = sync if len(sync) >= 3 else j
-    diff = (base["med_end_a"] - base["med_end_b"]).to_numpy(np.float64)
-    return _offset(diff, lo, hi, len(j), "blocking" if base is sync else "all")
 
 
 def _violations(pairs: pd.DataFrame, dom_off: np.ndarray, n_domains: int) -> List[int]:

@@ -617,7 +617,7 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
         # clocks (a frame object of their own over the same arrays). The
         # steps' straggler verdicts could be too, but not within 2 GiB at
         # 100 M events: they stay in the report, after the per-host table
-        mine = cframe.copy(deep=False) if cframe is not None else None
+        mine = cframe.copy(deep=False) if several and cframe is not None else None
         side = pool.submit(lambda: (nodes.scope_table(mine, hosts), slowlinks.group_speeds(mine, hosts))
                            if several else (pd.DataFrame(), pd.DataFrame()))
         offsets, clock_table = clocks.align(cframe, rank_metas)
