@@ -14,6 +14,7 @@ A new per-run metric is one field of :class:`ChunkRows` (filled in
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -590,6 +591,22 @@ def model_flops(rank_metas: List[dict]) -> Optional[float]:
     return None
 
 
+def blas_in_caller():
+    """A context in which BLAS (numpy's ``@``) runs in the calling thread.
+
+    The analysis runs its own threads (two chunks swept at once, tables
+    built beside the clock alignment); OpenBLAS's threads, woken by each
+    chunk's pattern-table product, spin on after it and took a core from
+    them: at 10 M events ~1 s of the report's 5 s of CPU, ~0.25 s of its
+    wall time (benchmarks/results/report_speed/). Without threadpoolctl,
+    BLAS keeps its threads."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
                    batch_size: Optional[int] = None, group_by: Optional[Sequence[str]] = None,
                    reread: Optional[Callable[[], Iterable[pa.Table]]] = None) -> RunAnalysis:
@@ -598,6 +615,13 @@ def analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int = 1,
     COMM_COLUMNS, step and category): a run on several hosts then keeps a
     bounded sample of its collectives, not all of them, until its clocks
     are aligned."""
+    with blas_in_caller():
+        return _analyze_chunks(chunks, meta, rank_metas, warmup, batch_size, group_by, reread)
+
+
+def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
+                    batch_size: Optional[int], group_by: Optional[Sequence[str]],
+                    reread: Optional[Callable[[], Iterable[pa.Table]]]) -> RunAnalysis:
     dom = clocks.domains(rank_metas)
     hosts = {r: d[0] for r, d in dom.items()}
     multi_host = len(set(dom.values())) > 1

@@ -43,3 +43,26 @@ def test_report_of_a_multi_host_trace_stays_near_the_scan(tmp_path):
     ratio = min(reports) / min(scans)
     print(f"report {min(reports):.2f} s, scan {min(scans):.2f} s: x{ratio:.1f}")
     assert ratio <= BOUND, (reports, scans)
+
+
+def test_the_analysis_runs_blas_in_its_own_threads_only():
+    """OpenBLAS's threads spin after each product and took a core from the
+    analysis's own (benchmarks/results/report_speed/): inside the analysis
+    BLAS runs in the caller, and is given back its threads after."""
+    from threadpoolctl import threadpool_info
+
+    from commprof.analyzers.run import analyze_chunks
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    before, seen = blas_threads(), []
+
+    def chunks():
+        seen.append(blas_threads())
+        yield from ()
+
+    analysis = analyze_chunks(chunks(), {"world_size": 1}, [{"rank": 0}])
+    assert analysis.steps.empty
+    assert seen == [{1}]
+    assert blas_threads() == before
