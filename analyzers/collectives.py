@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.ops import bus_factor  # noqa: F401  (the report's busbw factors: nccl-tests')
+from .codes import int_codes
 from .events import device_times
 from .sketch import Sketch
 
@@ -274,7 +275,7 @@ def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
 
 def _per_rank(rank: np.ndarray, values: Dict[int, int], default: int = 0) -> np.ndarray:
     """``values[rank]`` (``default`` where absent) for each element of ``rank``."""
-    ur, inv = np.unique(rank, return_inverse=True)
+    ur, inv = int_codes(rank)
     return np.array([values.get(int(r), default) for r in ur], np.int64)[inv]
 
 
@@ -348,7 +349,7 @@ class Arrivals:
         dom = _per_rank(rank, self.domain, self.n_dom)
         te_rel = (te - self.t_raw).astype(np.float64)
         ones = np.ones(len(key), np.int32)
-        doms = np.unique(dom)
+        doms = int_codes(dom)[0]
         for d in doms.tolist():
             sel = np.flatnonzero(dom == d) if len(doms) > 1 else slice(None)
             part = _reduce_arrivals(key[sel], rank[sel].astype(np.int32), ts[sel], te_rel[sel], ones[sel])
@@ -596,12 +597,12 @@ class CollectiveStats:
         if self._pending_rows > max(acc_rows, 1 << 18):
             self._combine()
         # per (rank, group): summed issue times and calls, for mean lateness
-        rk = (rank << 20) | gid
-        u, inv = np.unique(rk, return_inverse=True)
+        width = int(gid.max()) + 1 if len(gid) else 1
+        u, inv = int_codes(rank * width + gid)      # (rank, group) in order, counted, not sorted
         sums = np.bincount(inv, weights=(ts - self._t_ref).astype(np.float64))
         counts = np.bincount(inv)
         for k, s_, c_ in zip(u.tolist(), sums.tolist(), counts.tolist()):
-            acc = self._rank_sums.setdefault((k >> 20, k & ((1 << 20) - 1)), [0.0, 0])
+            acc = self._rank_sums.setdefault((k // width, k % width), [0.0, 0])
             acc[0] += s_
             acc[1] += c_
 

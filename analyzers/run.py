@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import breakdown, buckets, clocks, kernels, nodes, slowlinks
+from .codes import int_codes
 from .collectives import CollectiveStats, _codes as _dict_codes
 from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline
@@ -409,7 +410,7 @@ class CallCounts:
         nbytes = comm.column("bytes").to_numpy(zero_copy_only=False).astype(np.float64)
         known = ~np.isnan(nbytes)
         width = len(groups) + 1
-        key, inv = np.unique((op + 1) * width + grp + 1, return_inverse=True)
+        key, inv = int_codes((op + 1) * width + grp + 1)
         calls = np.bincount(inv, minlength=len(key))
         b_sum = np.bincount(inv, weights=np.where(known, nbytes, 0.0), minlength=len(key))
         b_n = np.bincount(inv, weights=known, minlength=len(key))
