@@ -376,7 +376,7 @@ class CallSample:
         their columns are converted)."""
         if self._frame is None and self.tables:
             if _same_dictionaries(self.tables):
-                whole, self.tables = pa.concat_tables(self.tables), []
+                whole, self.tables = pa.concat_tables(self.tables, promote_options="permissive"), []
                 out = whole.to_pandas(self_destruct=True)
             else:   # categories differing between chunks: as pandas concatenates them (object)
                 out = pd.concat([t.to_pandas() for t in self.tables], ignore_index=True)
