@@ -56,10 +56,25 @@ def sampled_steps(steps: pd.DataFrame, max_steps: int = MAX_STEPS) -> pd.DataFra
 
 
 def in_steps(rank: np.ndarray, step: np.ndarray, st: pd.DataFrame) -> np.ndarray:
-    """Mask of the events whose (rank, step) is one of ``st``'s rows (one
-    sorted search of int64 keys: no per-row Python, no string columns)."""
+    """Mask of the events whose (rank, step) is one of ``st``'s rows: a
+    lookup in a table of the chunk's (rank, step) pairs, else one sorted
+    search of int64 keys (no per-row Python, no string columns)."""
     if st.empty or not len(rank):
         return np.zeros(len(rank), bool)
+    sr, ss = st["rank"].to_numpy(np.int64), st["step"].to_numpy(np.int64)
+    r0, s0 = int(min(sr.min(), rank.min())), int(min(ss.min(), step.min()))
+    width = int(max(ss.max(), step.max())) - s0 + 1
+    size = (int(max(sr.max(), rank.max())) - r0 + 1) * width
+    if size <= max(4 * len(rank), 1 << 20):     # a chunk's ranks and steps: one table of (rank, step)
+        table = np.zeros(size, bool)
+        table[(sr - r0) * width + (ss - s0)] = True
+        return table[(rank.astype(np.int64) - r0) * width + (step.astype(np.int64) - s0)]
+    return _in_steps_sorted(rank, step, st)
+
+
+def _in_steps_sorted(rank: np.ndarray, step: np.ndarray, st: pd.DataFrame) -> np.ndarray:
+    """:func:`in_steps` by a sorted search (ranks and steps too far apart
+    for a table)."""
     lo = int(min(st["step"].min(), step.min()))
     keys = np.sort((st["rank"].to_numpy(np.int64) << 32) | (st["step"].to_numpy(np.int64) - lo))
     ek = (rank.astype(np.int64) << 32) | (step.astype(np.int64) - lo)

@@ -102,3 +102,24 @@ def test_update_delays_golden(late):
     assert u["updates"] == 2 * 10 and u["ranks"] == 2
     # the longest single wait per step is the communication tail: rank 0's (tail_r1 + 5) and rank 1's
     assert u["idle_ms_p50"] == pytest.approx(((tail_r1 + 5.0) + tail_r1) / 2, abs=1e-3)
+
+
+def test_events_of_the_sampled_steps_are_found_by_table_and_by_search():
+    """in_steps: the (rank, step) table and the sorted search both give the
+    membership a set of pairs gives, steps and ranks outside the sample's
+    range included."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    st = pd.DataFrame({"rank": rng.integers(3, 9, 400), "step": rng.integers(-2, 300, 400)})
+    rank, step = rng.integers(0, 12, 20_000), rng.integers(-5, 320, 20_000)
+    pairs = set(zip(st["rank"].tolist(), st["step"].tolist()))
+    want = np.array([(r, s) in pairs for r, s in zip(rank.tolist(), step.tolist())])
+    assert want.sum() > 100
+    np.testing.assert_array_equal(bk.in_steps(rank, step, st), want)
+    np.testing.assert_array_equal(bk._in_steps_sorted(rank, step, st), want)
+    far = step.copy()
+    far[0] = 10**9                          # too far apart for a table: the search
+    want[0] = False
+    np.testing.assert_array_equal(bk.in_steps(rank, far, st), want)
