@@ -160,12 +160,26 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]
     return out
 
 
+def _by_key_then(key: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``np.lexsort((t, key))``: by key, then t, stable. Where both fit in
+    one int64 (a key of at most 20 bits and times within 2**41 ns, as a
+    trace's instances and completions do) one stable argsort of the two
+    packed together: the calls arrive in long sorted runs, which it merges
+    (0.9 M calls: 8 ms against lexsort's 46 ms)."""
+    if len(key) and int(key.min()) >= 0:
+        lo = int(t.min())
+        bits = max(int(t.max()) - lo, 1).bit_length()
+        if int(key.max()).bit_length() + bits <= 62:
+            return np.argsort((key.astype(np.int64) << bits) | (t.astype(np.int64) - lo), kind="stable")
+    return np.lexsort((t, key))
+
+
 def _reduce_instances(grp, sq, dm, t0, t1, blk, cols) -> pd.DataFrame:
     # one sort by (group, seq, dom, completion): groups are runs, the median is read off each run's middle
     sq0 = sq - sq.min()
     n_dom = int(dm.max()) + 1
     key = (grp * (int(sq0.max()) + 1) + sq0) * n_dom + dm
-    order = np.lexsort((t1, key))
+    order = _by_key_then(key, t1)
     key, t0, t1, blk = key[order], t0[order], t1[order], blk[order]
     first = np.concatenate([[0], np.flatnonzero(key[1:] != key[:-1]) + 1])
     size = np.diff(np.concatenate([first, [len(key)]]))

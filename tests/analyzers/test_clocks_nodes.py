@@ -304,3 +304,15 @@ def test_the_call_sample_is_the_frame_pandas_made_of_each_chunk():
         pd.testing.assert_frame_equal(got, want, check_categorical=True)
         assert (str(got["name"].dtype) == "category") is (names is not None)
         assert sample.frame() is got
+
+
+def test_instances_sorted_by_key_then_completion_as_lexsort_sorts_them():
+    """The alignment's one packed argsort gives lexsort's order, ties and
+    all; keys or times too wide to pack go to lexsort itself."""
+    rng = np.random.default_rng(11)
+    for key_hi, t_span in ((5000, 10**12), (50, 3), (1 << 40, 10**12), (10, 1 << 60)):
+        key = rng.integers(0, key_hi, 30_000)
+        t = rng.integers(0, t_span, 30_000) + 7 * S
+        np.testing.assert_array_equal(clocks._by_key_then(key, t), np.lexsort((t, key)))
+    empty = np.zeros(0, np.int64)
+    assert len(clocks._by_key_then(empty, empty)) == 0
