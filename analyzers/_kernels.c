@@ -1,7 +1,8 @@
 /* The analyzers' compiled kernels, each the same arithmetic as the numpy
  * path it replaces, so the results are bit for bit the same: the
  * breakdown's cover-pattern sweep (analyzers/intervals.py, pattern_table)
- * and the collectives' per-instance reduction (analyzers/collectives.py,
+ * and its per-rank time lines (analyzers/breakdown.py, _rank_keys), and the
+ * collectives' per-instance reduction (analyzers/collectives.py,
  * _reduce_instances). Built and loaded by analyzers/native.py; the numpy
  * paths are used where it cannot be. */
 #include <stdint.h>
@@ -149,4 +150,51 @@ int64_t commprof_reduce_instances(int64_t n, const int64_t *order, void **in, vo
         s = e;
     }
     return k;
+}
+
+/* The breakdown's per-rank time lines (analyzers/breakdown.py, _rank_keys),
+ * first pass: rank[i] - lo is a slot in [0, n_slots); slot_idx[] (n_slots,
+ * filled with -1 by the caller) gets each present slot's index among the
+ * present ones in rank order, t0[] (n_slots, filled with INT64_MAX) the
+ * least of its events' starts and ends, ridx[i] the index of event i's
+ * rank. Returns the largest time of an event on its rank's line (t - t0,
+ * wrapping as numpy's int64 arithmetic does). The caller gives lo and
+ * n_slots from the ranks' least and greatest values. */
+int64_t commprof_rank_lines(int64_t n, const int64_t *rank, const int64_t *ts, const int64_t *te, int64_t lo,
+                            int64_t n_slots, int64_t *slot_idx, int64_t *t0, int64_t *ridx)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = rank[i] - lo;
+        int64_t m = ts[i] < te[i] ? ts[i] : te[i];
+        if (m < t0[s])
+            t0[s] = m;
+        slot_idx[s] = 0;
+    }
+    int64_t k = 0;
+    for (int64_t s = 0; s < n_slots; s++)
+        if (slot_idx[s] == 0)
+            slot_idx[s] = k++;
+    int64_t span = INT64_MIN;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = rank[i] - lo;
+        ridx[i] = slot_idx[s];
+        int64_t a = (int64_t)((uint64_t)ts[i] - (uint64_t)t0[s]);
+        int64_t b = (int64_t)((uint64_t)te[i] - (uint64_t)t0[s]);
+        if (a > span)
+            span = a;
+        if (b > span)
+            span = b;
+    }
+    return span;
+}
+
+/* Second pass: the keys, (ridx << shift) | (t - t0 of the rank). */
+void commprof_rank_keys(int64_t n, const int64_t *rank, const int64_t *ts, const int64_t *te, int64_t lo,
+                        const int64_t *t0, const int64_t *ridx, int shift, int64_t *kstart, int64_t *kend)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t base = (uint64_t)t0[rank[i] - lo], hi = (uint64_t)ridx[i] << shift;
+        kstart[i] = (int64_t)(hi | ((uint64_t)ts[i] - base));
+        kend[i] = (int64_t)(hi | ((uint64_t)te[i] - base));
+    }
 }

@@ -50,6 +50,9 @@ def _rank_keys(ev: Events):
     end, rank values, rank index of each event)."""
     r = ev.rank
     lo, hi = int(r.min()), int(r.max())
+    fast = _rank_keys_compiled(ev, lo, hi)
+    if fast is not None:
+        return fast
     if hi - lo < (1 << 22):
         present = np.bincount(r - lo) > 0
         ranks = np.flatnonzero(present) + lo
@@ -67,6 +70,34 @@ def _rank_keys(ev: Events):
         raise _span_error(ev, ranks, ridx, local_start, local_end)
     hi_bits = ridx.astype(np.int64) << shift
     return hi_bits | local_start, hi_bits | local_end, ranks, ridx
+
+
+def _rank_keys_compiled(ev: Events, lo: int, hi: int):
+    """:func:`_rank_keys` by the compiled kernel (analyzers/native.py) in
+    two passes over the events instead of a dozen numpy ones; None where it
+    is not available, the ranks are too far apart, or the keys would not
+    fit (the numpy path then says why)."""
+    from . import native
+
+    fn = native.kernel("commprof_rank_lines")
+    if fn is None or hi - lo >= (1 << 22):
+        return None
+    r, ts, te = (np.ascontiguousarray(a, np.int64) for a in (ev.rank, ev.t_start, ev.t_end))
+    n, slots = len(r), hi - lo + 1
+    slot_idx = np.full(slots, -1, np.int64)
+    t0 = np.full(slots, np.iinfo(np.int64).max, np.int64)
+    ridx = np.empty(n, np.int64)
+    span = int(fn(n, r.ctypes.data, ts.ctypes.data, te.ctypes.data, lo, slots, slot_idx.ctypes.data,
+                  t0.ctypes.data, ridx.ctypes.data))
+    present = slot_idx >= 0
+    ranks = np.flatnonzero(present) + lo
+    shift = max(span.bit_length(), 1)
+    if shift + max(len(ranks), 1).bit_length() > 62:
+        return None
+    kstart, kend = np.empty(n, np.int64), np.empty(n, np.int64)
+    native.kernel("commprof_rank_keys")(n, r.ctypes.data, ts.ctypes.data, te.ctypes.data, lo, t0.ctypes.data,
+                                        ridx.ctypes.data, shift, kstart.ctypes.data, kend.ctypes.data)
+    return kstart, kend, ranks, ridx
 
 
 def _span_error(ev: Events, ranks, ridx, local_start, local_end):

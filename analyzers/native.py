@@ -1,6 +1,7 @@
 """The analyzers' compiled kernels (``_kernels.c``): the breakdown's
-cover-pattern sweep and the collectives' per-instance reduction, each in
-one pass where numpy needs a dozen over every row
+cover-pattern sweep and per-rank time lines and the collectives'
+per-instance reduction, each in one or two passes where numpy needs a
+dozen over every row
 (benchmarks/results/report_speed/).
 
 Built once per source with the system's C compiler (``$CC``, else ``cc``;
@@ -87,6 +88,9 @@ _P = ctypes.c_void_p
 SIGNATURES = {
     "commprof_pattern_sweep": ([_P, _P, _P, ctypes.c_int64, _P, ctypes.c_int, _P, ctypes.c_int64], ctypes.c_int),
     "commprof_reduce_instances": ([ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
+    "commprof_rank_lines": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P],
+                            ctypes.c_int64),
+    "commprof_rank_keys": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int, _P, _P], None),
 }
 
 

@@ -1,7 +1,8 @@
 """The analyzers' compiled kernels (analyzers/_kernels.c) against the
 numpy paths they replace: the same results bit for bit (the cover-pattern
 table on random intervals and on a synthetic DDP trace's per-step
-breakdown; the collectives' per-instance reduction on random partials);
+breakdown; its per-rank time lines on random events; the collectives'
+per-instance reduction on random partials);
 where they cannot be built the numpy paths run."""
 import os
 import shutil
@@ -157,3 +158,58 @@ def test_instance_reduction_kernel_equals_numpy(rows, rnd):
     for f in _INST_FIELDS:
         assert fast[f].dtype == slow[f].dtype, f
         assert np.array_equal(fast[f], slow[f], equal_nan=True), (f, fast[f], slow[f])
+
+
+events_rows = st.lists(st.tuples(st.integers(-3, 9), st.integers(-10**6, 10**6), st.integers(-10**6, 10**6)),
+                       min_size=1, max_size=60)
+
+
+@needs_cc
+@settings(max_examples=300, deadline=None)
+@given(events_rows, st.integers(0, 10**15))
+def test_rank_time_lines_kernel_equals_numpy(rows, far):
+    """The breakdown's per-rank time lines: ranks with gaps and negative
+    ones, reversed and empty events, ranks far apart in time; keys, ranks
+    and indices the same, element for element and type for type."""
+    import pyarrow as pa
+
+    from commprof.analyzers import breakdown
+    from commprof.analyzers.events import Events
+
+    rank = np.array([r for r, _, _ in rows], np.int32)
+    t_start = np.array([a for _, a, _ in rows], np.int64) + rank.astype(np.int64) * far
+    t_end = np.array([b for _, _, b in rows], np.int64) + rank.astype(np.int64) * far
+    ev = Events.of(pa.table({"rank": rank, "step": np.zeros(len(rows), np.int64),
+                             "category": pa.array(["compute"] * len(rows)).dictionary_encode(),
+                             "t_start": t_start, "t_end": t_end}))
+    fast, slow = both(breakdown._rank_keys, ev)
+    for a, b in zip(fast, slow):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_cc
+def test_rank_time_lines_too_wide_for_a_key_fail_as_before():
+    """Events of one rank 2**61 ns apart and many ranks: no key fits, the
+    one-line error names the event, with the kernel as without it."""
+    import pyarrow as pa
+
+    from commprof.analyzers import breakdown
+    from commprof.analyzers.events import Events
+    from commprof.trace.schema import TraceFormatError
+
+    n = 40
+    t = np.arange(n, dtype=np.int64)
+    t[-1] = 1 << 61
+    ev = Events.of(pa.table({"rank": np.arange(n, dtype=np.int32) % 20, "step": np.zeros(n, np.int64),
+                             "category": pa.array(["compute"] * n).dictionary_encode(), "t_start": t, "t_end": t}))
+    msgs = []
+    for switch in ("1", "0"):
+        os.environ[native.ENV_SWITCH] = switch
+        try:
+            with pytest.raises(TraceFormatError) as e:
+                breakdown._rank_keys(ev)
+            msgs.append(str(e.value))
+        finally:
+            os.environ.pop(native.ENV_SWITCH)
+    assert msgs[0] == msgs[1] and "far from the rank's other events" in msgs[0]
