@@ -454,13 +454,6 @@ def analyze(paths: Sequence[PathLike], warmup: int = 1, batch_size: Optional[int
             pairs: Optional[Sequence] = None, peak_tflops: Optional[float] = None):
     """Analyse runs together: (Report, [RunAnalysis per run]). What
     ``commprof report`` prints is this report."""
-    from .analyzers.run import blas_in_caller
-
-    with blas_in_caller():
-        return _analyze(paths, warmup, batch_size, group_by, chunk_rows, pairs, peak_tflops)
-
-
-def _analyze(paths, warmup, batch_size, group_by, chunk_rows, pairs, peak_tflops):
     from .analyzers.report import build_report
 
     traces = open_runs(paths)
