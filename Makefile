@@ -70,10 +70,23 @@ docs: $(STAMP)
 	$(PY) docs/tools/gen_architecture.py
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
+# The suite in two parts: the tests that need a quiet machine (marked
+# serial in tests/conftest.py) alone, after the rest, which runs on
+# TEST_WORKERS workers (a file per worker). MARK: a marker expression both
+# parts keep (MARK='not slow'). A part with nothing selected (pytest's exit
+# 5) is not a failure unless both are empty.
+TEST_WORKERS ?= auto
+MARK ?=
+TEST_ENV = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$(EXT)}"
+
 test: $(STAMP) $(OPS) lint
 	bash .ci/install_system.sh
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR="$${TORCH_EXTENSIONS_DIR:-$(EXT)}" \
-		$(PY) -m pytest $(PYTEST_ARGS)
+	a=0; b=0; \
+	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "$(if $(MARK),($(MARK)) and )not serial" \
+		$(PYTEST_ARGS) || a=$$?; \
+	$(TEST_ENV) $(PY) -m pytest -m "$(if $(MARK),($(MARK)) and )serial" $(PYTEST_ARGS) || b=$$?; \
+	echo "make test: parts exited $$a (on $(TEST_WORKERS) workers) and $$b (serial)"; \
+	{ [ $$a = 0 ] || [ $$a = 5 ]; } && { [ $$b = 0 ] || [ $$b = 5 ]; } && [ "$$a$$b" != 55 ]
 
 # Regenerate the golden reports of tests/golden/ (review the diff like code).
 golden: $(BASE)

@@ -47,6 +47,36 @@ def _patch_points():
     return points
 
 
+#: tests that run alone, after the rest (``make test`` runs the rest on
+#: every core, a file per worker): what they assert depends on the machine
+#: being otherwise quiet (time between ranks, a tolerance on a measured
+#: time, a hang timeout, a ratio of two timed processes, shaped links).
+#: Keys: a file or folder, or ``file::test`` (a name's prefix). Tests using
+#: the session's SLURM or the namespace cluster are serial too
+#: (SERIAL_FIXTURES): one daemon, one set of interface names.
+SERIAL = {
+    "tests/cluster/": "network namespaces with shaped links; the session's SLURM",
+    "tests/gpu/": "the GPU check's dry run times its runs and their processes' exits",
+    "tests/analyzers/test_report_speed_guard.py": "the report's time against the scan's",
+    "tests/record/test_equal_ranks.py": "equal ranks must measure equal",
+    "tests/record/test_fidelity.py": "measured shares within a point",
+    "tests/record/test_hang_and_shared.py": "hang timeouts",
+    "tests/record/test_fine_grain.py": "a late rank's delay against the buckets",
+    "tests/record/test_device_timing.py": "a simulated device's lag measured",
+    "tests/record/test_frameworks.py::test_deepspeed_per_call_latency": "latencies against DeepSpeed's own",
+    "tests/record/test_crash_and_signals.py": "signals sent at a point of a running job",
+    "tests/record/test_failure.py": "ranks killed inside a collective",
+}
+SERIAL_FIXTURES = ("local_slurm", "make_cluster", "cluster_available")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.nodeid.startswith(key) for key in SERIAL) \
+                or any(f in SERIAL_FIXTURES for f in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.serial)
+
+
 #: test folders that never record: no torch import, no native build for them
 PURE = ("analyzers", "trace", "convert")
 
