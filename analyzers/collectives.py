@@ -360,7 +360,10 @@ class Arrivals:
         pend.append(part)
         self.rows += len(part["key"])
         have = len(self.acc[d]["key"]) if d in self.acc else 0
-        if sum(len(p["key"]) for p in pend) > max(have, 1 << 18):
+        # combined once the pending rows are as many as the combined ones (not
+        # more: the last of a host's ranks would leave a second copy of its
+        # instances pending to the end; 100 M events: ~170 MiB at the peak)
+        if sum(len(p["key"]) for p in pend) >= max(have, 1 << 18):
             self._combine(d)
 
     def _combine(self, d: int) -> None:
@@ -594,7 +597,7 @@ class CollectiveStats:
         self._pending.append(part)
         self._pending_rows += len(part["key"])
         acc_rows = len(self._acc["key"]) if self._acc is not None else 0
-        if self._pending_rows > max(acc_rows, 1 << 18):
+        if self._pending_rows >= max(acc_rows, 1 << 18):     # as Arrivals._put
             self._combine()
         # per (rank, group): summed issue times and calls, for mean lateness
         width = int(gid.max()) + 1 if len(gid) else 1

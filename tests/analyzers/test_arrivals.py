@@ -142,3 +142,27 @@ def test_the_shift_is_the_offset_of_each_host():
     f, host, offsets = draw(7)
     wrong = deferred(chunks_of(f, [3, 3, 3]), host, {r: 0 for r in offsets})
     assert not by_instance(wrong)["skew_ms"].equals(by_instance(aligned([table(f)], offsets))["skew_ms"])
+
+
+def test_a_hosts_ranks_in_chunks_of_their_own_keep_one_row_per_instance():
+    """One rank per chunk (a large run: a rank's events fill a chunk), the
+    same instances on every rank: after each rank the host's arrivals hold
+    one row per instance, combined, not a second copy pending (100 M
+    events: ~170 MiB of the peak), and they are the element-wise fold."""
+    from commprof.analyzers.collectives import Arrivals
+
+    n = 300_000                      # instances per rank: more than the pending rows combined at once
+    key = np.arange(n, dtype=np.int64) * 3
+    arr = Arrivals({r: 0 for r in range(4)})
+    rng = np.random.default_rng(0)
+    starts = []
+    for r in range(4):
+        ts = 10**12 + np.arange(n, dtype=np.int64) * 1000 + rng.integers(0, 500, n)
+        starts.append(ts)
+        arr.add(key, np.full(n, r, np.int64), ts, ts + 100)
+        assert arr.rows == n and not arr.pending.get(0), (r, arr.rows)
+    got = arr.acc[0]
+    assert np.array_equal(got["key"], key)
+    assert np.array_equal(got["min_start"], np.minimum.reduce(starts))
+    assert np.array_equal(got["max_start"], np.maximum.reduce(starts))
+    assert np.array_equal(got["n"], np.full(n, 4))
