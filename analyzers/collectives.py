@@ -298,6 +298,15 @@ def _reduce_arrivals(key, rank, ts, te_rel, n, lows=None) -> Dict[str, np.ndarra
             "n": np.add.reduceat(n[order], first)}
 
 
+def _combine_due(pending: int, combined: int) -> bool:
+    """Whether partial aggregates are folded into the combined ones now: once
+    the pending rows are as many as the combined ones (not more: the last of
+    a host's ranks, a chunk of its own, would leave a second copy of the same
+    instances pending to the end; 100 M events: ~170 MiB at the peak), and
+    not before 2**18 rows (few, large merges). The work stays linear."""
+    return pending >= max(combined, 1 << 18)
+
+
 def _merge_arrivals(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """:func:`_reduce_arrivals` of the partials ``a`` then ``b`` (each
     sorted with unique keys); element by element when their keys agree."""
@@ -360,10 +369,7 @@ class Arrivals:
         pend.append(part)
         self.rows += len(part["key"])
         have = len(self.acc[d]["key"]) if d in self.acc else 0
-        # combined once the pending rows are as many as the combined ones (not
-        # more: the last of a host's ranks would leave a second copy of its
-        # instances pending to the end; 100 M events: ~170 MiB at the peak)
-        if sum(len(p["key"]) for p in pend) >= max(have, 1 << 18):
+        if _combine_due(sum(len(p["key"]) for p in pend), have):
             self._combine(d)
 
     def _combine(self, d: int) -> None:
@@ -597,7 +603,7 @@ class CollectiveStats:
         self._pending.append(part)
         self._pending_rows += len(part["key"])
         acc_rows = len(self._acc["key"]) if self._acc is not None else 0
-        if self._pending_rows >= max(acc_rows, 1 << 18):     # as Arrivals._put
+        if _combine_due(self._pending_rows, acc_rows):
             self._combine()
         # per (rank, group): summed issue times and calls, for mean lateness
         width = int(gid.max()) + 1 if len(gid) else 1

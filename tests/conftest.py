@@ -53,7 +53,8 @@ def _patch_points():
 #: time, a hang timeout, a ratio of two timed processes, shaped links).
 #: Keys: a file or folder, or ``file::test`` (a name's prefix). Tests using
 #: the session's SLURM or the namespace cluster are serial too
-#: (SERIAL_FIXTURES): one daemon, one set of interface names.
+#: (SERIAL_FIXTURES, matched through the fixtures a test's fixtures use):
+#: one daemon, one set of interface names.
 SERIAL = {
     "tests/cluster/": "network namespaces with shaped links; the session's SLURM",
     "tests/gpu/": "the GPU check's dry run times its runs and their processes' exits",
@@ -67,7 +68,7 @@ SERIAL = {
     "tests/record/test_crash_and_signals.py": "signals sent at a point of a running job",
     "tests/record/test_failure.py": "ranks killed inside a collective",
 }
-SERIAL_FIXTURES = ("local_slurm", "make_cluster", "cluster_available")
+SERIAL_FIXTURES = ("local_slurm", "cluster_available")
 
 
 def pytest_collection_modifyitems(config, items):
