@@ -4,6 +4,7 @@ events); output: a :class:`Report` that any renderer formats. Both the
 command line (``commprof report``) and the notebook API call this."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pandas as pd
@@ -179,13 +180,18 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
 
     for r in runs:
         _check_steps(r)
-    table = scaling.breakdown_table(runs, peak_tflops)
-    per_run = {attr: scaling.run_tables(runs, attr) for attr in ("clocks", "nodes", "scope", "links")}
-    mism = _mismatches(runs)
-    fine = fine_grain(runs)
-    colls = scaling.collectives_table(runs)
-    skews = scaling.skew_tables(runs)
-    strag = scaling.straggler_tables(runs)
+    # the straggler tests (numpy partitions of steps x ranks matrices) and the fine grain's tables run
+    # beside the other tables: they read each run's steps, its fine grain and two small summaries of its
+    # collectives taken first, nothing the others build
+    strag_in = scaling.straggler_inputs(runs)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        side = pool.submit(lambda: (scaling.straggler_verdicts(strag_in), fine_grain(runs)))
+        table = scaling.breakdown_table(runs, peak_tflops)
+        per_run = {attr: scaling.run_tables(runs, attr) for attr in ("clocks", "nodes", "scope", "links")}
+        mism = _mismatches(runs)
+        colls = scaling.collectives_table(runs)
+        skews = scaling.skew_tables(runs)
+        strag, fine = side.result()
     ends_t, finds = _failures(runs, _findings(table, colls, skews, strag, per_run, mism, pairs, fine))
     tables = {}
     if len(ends_t):

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import breakdown, buckets, clocks, kernels, nodes, slowlinks
+from . import breakdown, buckets, clocks, kernels, nodes, slowlinks, stragglers
 from .codes import int_codes
 from .collectives import CollectiveStats, _codes as _dict_codes
 from .events import CAT_CODES, Events, _codes, _np, device_times
@@ -75,6 +75,9 @@ class RunAnalysis:
     #: (k, calls): clock alignment, scope, link and per-host bandwidth tables
     #: read one collective instance in k of the run's calls (k = 1: all)
     comm_sample: Tuple[int, int] = (1, 0)
+    #: the straggler rows of the per-step metrics (stragglers.step_verdicts),
+    #: where they were tested beside the clock alignment; None: in the report
+    step_stragglers: Optional[List[dict]] = None
 
     @property
     def n_steps(self) -> int:
@@ -248,6 +251,12 @@ class Columns(Frames):
         parts, self.parts = self.parts, []
         return pd.DataFrame({c: np.concatenate([p.pop(c) for p in parts]) for c in list(parts[0])}, copy=False)
 
+
+#: measured steps up to which their straggler tests run beside the clock
+#: alignment and the per-host table (steps x ranks matrices of ~8 B a step:
+#: 10 M events, 0.9 M steps; at 100 M events, 9.1 M steps, the report's peak
+#: would pass 2 GiB)
+SIDE_STEP_ROWS = 2_000_000
 
 #: rows per (collective instance, clock domain) a run on several hosts keeps
 #: until its clocks are aligned (~40 B each); past it, with a way to read the
@@ -658,6 +667,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
     clock = _Clock()
     _read_and_sweep(chunks, lambda chunk: sweep(chunk, warmup, multi_host), acc, clock)
     _return_free_heap()
+    steps = acc.steps.finish()
     # the hosts' clocks are aligned from all ranks' collectives before the
     # cross-rank statistics (arrival skew) are folded
     t0 = time.perf_counter()
@@ -665,30 +675,32 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
     with ThreadPoolExecutor(max_workers=1) as pool:
         # the per-scope and per-link tables read the calls, not their clock
         # offsets: built beside the alignment and the folds on aligned
-        # clocks (a frame object of their own over the same arrays). The
-        # steps' straggler verdicts could be too, but not within 2 GiB at
-        # 100 M events: they stay in the report, after the per-host table
+        # clocks (a frame object of their own over the same arrays)
         mine = cframe.copy(deep=False) if several and cframe is not None else None
         side = pool.submit(lambda: (nodes.scope_table(mine, hosts), slowlinks.group_speeds(mine, hosts))
                            if several else (pd.DataFrame(), pd.DataFrame()))
+        # and the steps' straggler tests, where their matrices are small
+        # (at 100 M events they would not fit beside the per-host table in
+        # 2 GiB: they stay in the report)
+        early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()
         colls = acc.colls.finish(offsets)
         fine_phases, fine_grads = acc.fine.finish(offsets)
         scope, links = side.result()
-    if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
-        counts = acc.colls.calls.frame()
-        scope = nodes.with_counts(scope, counts, hosts, cframe)
-        links = slowlinks.with_counts(links, counts)
-    clock.since("collectives and fine grain folded" + ("; scope and link tables" if several else "")
-                + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
-    steps = acc.steps.finish()
-    meta = _run_meta(meta, rank_metas, steps, batch_size)
-    t0 = time.perf_counter()
-    per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
-    _return_free_heap()
-    clock.since("per-host table", t0)
+        if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
+            counts = acc.colls.calls.frame()
+            scope = nodes.with_counts(scope, counts, hosts, cframe)
+            links = slowlinks.with_counts(links, counts)
+        clock.since("collectives and fine grain folded" + ("; scope and link tables" if several else "")
+                    + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
+        meta = _run_meta(meta, rank_metas, steps, batch_size)
+        t0 = time.perf_counter()
+        per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
+        _return_free_heap()
+        clock.since("per-host table", t0)
+        step_stragglers = early.result() if early is not None else None
     return RunAnalysis(
         label=config_label(meta, group_by), meta=meta, world_size=int(meta.get("world_size") or 1),
         steps=steps, colls=colls, batch_size=batch_size, timeline=acc.timeline.finish(offsets),
@@ -696,4 +708,4 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         kernel_shares=acc.kernel_shares.finish(), gpu_breakdown=acc.gpu_breakdown.finish(),
         clocks=clock_table, offsets=offsets, hosts=hosts, nodes=per_host, scope=scope, links=links,
         fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent,
-        comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls))
+        comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls), step_stragglers=step_stragglers)

@@ -271,10 +271,23 @@ def skew_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
 
 
 def straggler_tables(runs: List[RunAnalysis]) -> Dict[tuple, pd.DataFrame]:
-    out = {}
-    for key, members in run_groups(runs).items():
-        tables = [stragglers.stragglers(m.steps, m.colls.rank_lateness(), m.colls.last_by_block(m.n_steps))
+    return straggler_verdicts(straggler_inputs(runs))
+
+
+def straggler_inputs(runs: List[RunAnalysis]) -> Dict[tuple, list]:
+    """What the straggler tests read of each run, by (label, GPUs): its
+    steps and two small summaries of its collectives (taken here, so that
+    :func:`straggler_verdicts` touches nothing the other tables read)."""
+    return {key: [(m.steps, m.colls.rank_lateness(), m.colls.last_by_block(m.n_steps), m.step_stragglers)
                   for m in members]
+            for key, members in run_groups(runs).items()}
+
+
+def straggler_verdicts(inputs: Dict[tuple, list]) -> Dict[tuple, pd.DataFrame]:
+    """The straggler tables from :func:`straggler_inputs`."""
+    out = {}
+    for key, members in inputs.items():
+        tables = [stragglers.stragglers(steps, lateness, last, done) for steps, lateness, last, done in members]
         tables = [t for t in tables if len(t)]
         if tables:
             out[key] = pd.concat(tables, ignore_index=True)

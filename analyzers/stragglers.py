@@ -183,20 +183,32 @@ def arrival_test(block_last: Sequence[Optional[int]], lateness: pd.DataFrame, ra
 
 
 def stragglers(steps: pd.DataFrame, lateness: Optional[pd.DataFrame] = None,
-               block_last: Optional[Sequence[Optional[int]]] = None) -> pd.DataFrame:
+               block_last: Optional[Sequence[Optional[int]]] = None,
+               step_rows: Optional[List[dict]] = None) -> pd.DataFrame:
     """Per metric: the accused ranks, or the most suspect rank and why it
-    is not accused (see the module docstring)."""
+    is not accused (see the module docstring). ``step_rows``: what
+    :func:`step_verdicts` gave for these steps, where it ran already."""
     rows: List[dict] = []
     if not steps.empty and steps["rank"].nunique() > 1:
-        where = cells(steps["rank"].to_numpy(), steps["step"].to_numpy())     # one matrix layout, every metric
-        for metric, col in METRICS:
-            v = steps["step_time"] - steps["comm"] if col == "work" else steps[col]
-            rows += _verdicts(sign_tests(wide_at(where, v.to_numpy(np.float64))), metric)
-            del v
+        rows += step_verdicts(steps) if step_rows is None else step_rows
         if block_last is not None:
             rows += arrival_test(block_last, lateness, int(steps["rank"].nunique()),
                                  float(steps["step_time"].median()) / 1e6)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def step_verdicts(steps: pd.DataFrame) -> List[dict]:
+    """The rows of the per-step metrics (work, data, step): they read the
+    steps only, so they can be tested before the collectives are folded."""
+    rows: List[dict] = []
+    if steps.empty or steps["rank"].nunique() < 2:
+        return rows
+    where = cells(steps["rank"].to_numpy(), steps["step"].to_numpy())     # one matrix layout, every metric
+    for metric, col in METRICS:
+        v = steps["step_time"] - steps["comm"] if col == "work" else steps[col]
+        rows += _verdicts(sign_tests(wide_at(where, v.to_numpy(np.float64))), metric)
+        del v
+    return rows
 
 
 def accused(table: pd.DataFrame) -> pd.DataFrame:

@@ -152,6 +152,32 @@ def test_a_slow_host_is_named_and_equal_hosts_are_not():
     assert not {x for x in a if x[0] == "node" and x[1] != "node2"}
 
 
+@pytest.mark.parametrize("side_rows", [None, 0])
+def test_the_step_tests_run_beside_the_alignment_give_the_reports_table(tmp_path, monkeypatch, side_rows):
+    """A planted straggler on two hosts, through the analysis: the per-step
+    tests run beside the clock alignment (or, past SIDE_STEP_ROWS, in the
+    report) and the stragglers table is the one the report computes from
+    the steps alone."""
+    import dataclasses
+
+    import pandas as pd
+
+    import commprof
+    from commprof.analyzers import run as run_mod
+    from commprof.analyzers import scaling
+
+    if side_rows is not None:
+        monkeypatch.setattr(run_mod, "SIDE_STEP_ROWS", side_rows)
+    path = Sim(8, 50, seed=2, slow_rank=5, delta_ms=2.0, gpus_per_node=4).run().write(tmp_path / "t.parquet")
+    a = commprof.load(path).analysis()
+    assert (a.step_stragglers is None) is (side_rows == 0)
+    table = scaling.stack(scaling.straggler_tables([a]))
+    alone = scaling.stack(scaling.straggler_tables([dataclasses.replace(a, step_stragglers=None)]))
+    pd.testing.assert_frame_equal(table, alone)
+    named = stragglers.accused(table)
+    assert ("work", 5) in set(zip(named["metric"], named["rank"].astype(int)))
+
+
 def test_too_few_steps_says_so():
     steps, late, blocks, hosts, _ = Sim(8, 6, seed=1, slow_rank=2, delta_ms=5.0).run().measured()
     st = stragglers.stragglers(steps, late, blocks)
