@@ -176,16 +176,16 @@ def per_step(data) -> pd.DataFrame:
     figures = np.zeros((n_steps, len(_FIGURES)))
     step_pos = np.cumsum(is_step) - 1
     figures[step_pos[windows]] = table @ _WEIGHTS
-    out = pd.DataFrame({
-        "rank": ranks[ridx[is_step]],
-        "step": ev.step[is_step],
-        "t_start": ev.t_start[is_step],
-        "t_end": ev.t_end[is_step],
-        "step_time": (ev.t_end[is_step] - ev.t_start[is_step]).astype(np.float64),
-        "items": ev.items[is_step],
-        **{name: figures[:, j] for j, name in enumerate(_FIGURES)},
-    })
-    return out.sort_values(["rank", "t_end"], kind="stable").reset_index(drop=True)[STEP_COLUMNS]
+    rank, t_end = ranks[ridx[is_step]], ev.t_end[is_step]
+    order = np.lexsort((t_end, rank))       # by rank, then end (stable): the columns taken in that order once
+    t_start = ev.t_start[is_step][order]
+    t_end = t_end[order]
+    cols = {
+        "rank": rank[order], "step": ev.step[is_step][order], "t_start": t_start, "t_end": t_end,
+        "step_time": (t_end - t_start).astype(np.float64), "items": ev.items[is_step][order],
+        **{name: figures[order, j] for j, name in enumerate(_FIGURES)},
+    }
+    return pd.DataFrame({c: cols[c] for c in STEP_COLUMNS})
 
 
 def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:

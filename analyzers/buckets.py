@@ -48,11 +48,15 @@ def sampled_steps(steps: pd.DataFrame, max_steps: int = MAX_STEPS) -> pd.DataFra
     ``max_steps`` per rank (every stride-th in step order). Columns rank,
     step, s0, s1 (the step's start and end)."""
     st = steps[["rank", "step", "t_start", "t_end"]].rename(columns={"t_start": "s0", "t_end": "s1"})
-    st = st.sort_values(["rank", "step"])
-    pos = st.groupby("rank").cumcount()
-    n = st.groupby("rank")["step"].transform("size")
-    stride = np.ceil(n / max_steps).astype(int).clip(lower=1)
-    return st[(pos % stride) == 0]
+    if st.empty:
+        return st
+    order = np.lexsort((st["step"].to_numpy(), st["rank"].to_numpy()))     # by rank, then step (stable)
+    rank = st["rank"].to_numpy()[order]
+    first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+    n = np.diff(np.r_[first, len(rank)])                                   # steps per rank
+    pos = np.arange(len(rank)) - np.repeat(first, n)
+    stride = np.maximum(np.ceil(np.repeat(n, n) / max_steps).astype(np.int64), 1)
+    return st.iloc[order[pos % stride == 0]]
 
 
 def in_steps(rank: np.ndarray, step: np.ndarray, st: pd.DataFrame) -> np.ndarray:

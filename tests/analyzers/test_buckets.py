@@ -123,3 +123,28 @@ def test_events_of_the_sampled_steps_are_found_by_table_and_by_search():
     far[0] = 10**9                          # too far apart for a table: the search
     want[0] = False
     np.testing.assert_array_equal(bk.in_steps(rank, far, st), want)
+
+
+@pytest.mark.parametrize("max_steps", [1, 7, 200])
+def test_the_sampled_steps_are_every_stride_th_of_each_rank_in_step_order(max_steps):
+    """sampled_steps on rows in no order, ranks of unequal lengths: per
+    rank, its steps in step order, every ceil(n / max_steps)-th from the
+    first, each row with its own start and end (a plain loop per rank)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    rows = [(r, s) for r, n in ((0, 5), (3, 450), (4, 201), (9, 1)) for s in rng.permutation(n) + 10]
+    rank, step = (np.array(c) for c in zip(*rows))
+    order = rng.permutation(len(rank))
+    steps = pd.DataFrame({"rank": rank[order], "step": step[order]})
+    steps["t_start"], steps["t_end"] = steps["step"] * 100 + steps["rank"], steps["step"] * 100 + 50
+    want = []
+    for r in sorted(set(rank.tolist())):
+        mine = sorted(s for q, s in rows if q == r)
+        stride = max(1, -(-len(mine) // max_steps))
+        want += [(r, s, s * 100 + r, s * 100 + 50) for s in mine[::stride]]
+    got = bk.sampled_steps(steps, max_steps)
+    assert list(got.columns) == ["rank", "step", "s0", "s1"]
+    assert [tuple(int(v) for v in row) for row in got.itertuples(index=False)] == want
+    assert bk.sampled_steps(steps.iloc[:0], max_steps).empty
