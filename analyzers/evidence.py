@@ -55,10 +55,15 @@ MIN_EFFECT_MS, MIN_EFFECT_REL = 0.25, 0.02
 Z95 = 1.959963984540054
 
 
+@lru_cache(maxsize=8)
 def _log_choose(n: int) -> np.ndarray:
-    """log C(n, k) for k = 0..n (cumulative sums of logs: no gamma calls)."""
+    """log C(n, k) for k = 0..n (cumulative sums of logs: no gamma calls).
+    Kept for the last few n (read-only): a run's sign tests ask for the
+    same n once per rank and metric (100 M events: 384 times n = 71,022)."""
     k = np.arange(1, n + 1, dtype=np.float64)
-    return np.concatenate([[0.0], np.cumsum(np.log(n - k + 1.0) - np.log(k))])
+    out = np.concatenate([[0.0], np.cumsum(np.log(n - k + 1.0) - np.log(k))])
+    out.setflags(write=False)
+    return out
 
 
 def _log_pmf(k: np.ndarray, n: int, p: float) -> np.ndarray:
