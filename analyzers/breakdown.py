@@ -180,12 +180,13 @@ def per_step(data) -> pd.DataFrame:
     order = np.lexsort((t_end, rank))       # by rank, then end (stable): the columns taken in that order once
     t_start = ev.t_start[is_step][order]
     t_end = t_end[order]
+    figures = figures[order]
     cols = {
         "rank": rank[order], "step": ev.step[is_step][order], "t_start": t_start, "t_end": t_end,
         "step_time": (t_end - t_start).astype(np.float64), "items": ev.items[is_step][order],
-        **{name: figures[order, j] for j, name in enumerate(_FIGURES)},
+        **{name: figures[:, j] for j, name in enumerate(_FIGURES)},
     }
-    return pd.DataFrame({c: cols[c] for c in STEP_COLUMNS})
+    return pd.DataFrame(cols, columns=STEP_COLUMNS)
 
 
 def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
