@@ -57,6 +57,84 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
     return 0;
 }
 
+/* commprof_pattern_sweep's segments, each added at once to the m columns
+ * of out[row * m ..] whose weight for its pattern is 1 (weights: 2^n_sets
+ * rows of m values, each 0 or 1), instead of to a 2^n_sets-wide table then
+ * multiplied: a quarter of the memory touched for 5 sets and 8 columns, and
+ * no product. The same sums: every term is a whole number of ns, so every
+ * partial sum is exact (below 2^53 ns, 104 days a window) in any order.
+ * The boundaries come as two stable argsorts, of the starts (order_s) and
+ * of the ends (order_e), merged here starts first at one instant: the
+ * order of commprof_pattern_sweep's, two sorts half the size. Returns 0,
+ * or -1 when a label or a weight is out of range. */
+int commprof_pattern_weighted(const int64_t *starts, const int64_t *ends, const int8_t *lab, int64_t n,
+                              const int64_t *order_s, const int64_t *order_e, int n_sets, const double *weights,
+                              int m, double *out, int64_t n_win)
+{
+    int64_t counts[64] = {0};
+    int64_t row = -1, pattern = 0, a = 0, b = 0;
+    if (n_sets < 0 || n_sets > 12 || m < 0 || m > 32)
+        return -1;
+    const int64_t n_pat = (int64_t)1 << n_sets;
+    /* per pattern, the columns it adds to (bit j: column j) */
+    uint32_t cols[1 << 12];
+    for (int64_t p = 0; p < n_pat; p++) {
+        cols[p] = 0;
+        for (int j = 0; j < m; j++) {
+            double w = weights[p * m + j];
+            if (w == 1.0)
+                cols[p] |= (uint32_t)1 << j;
+            else if (w != 0.0)
+                return -1;
+        }
+    }
+    while (a < n || b < n) {
+        int64_t t, j;
+        int f;
+        if (a < n && (b >= n || starts[order_s[a]] <= ends[order_e[b]])) {
+            j = order_s[a++];
+            t = starts[j];
+            f = lab[j];
+            if (f < 0 || f > n_sets)
+                return -1;
+            counts[f]++;
+            if (f == 0)
+                row++;
+        } else {
+            j = order_e[b++];
+            t = ends[j];
+            f = lab[j];
+            if (f < 0 || f > n_sets)
+                return -1;
+            counts[f]--;
+        }
+        if (f > 0) {
+            if (counts[f] > 0)
+                pattern |= (int64_t)1 << (f - 1);
+            else
+                pattern &= ~((int64_t)1 << (f - 1));
+        }
+        if ((a < n || b < n) && counts[0] > 0 && row >= 0 && row < n_win) {
+            int64_t t2;
+            if (a < n && b < n) {
+                int64_t ts = starts[order_s[a]], te = ends[order_e[b]];
+                t2 = ts <= te ? ts : te;
+            } else {
+                t2 = a < n ? starts[order_s[a]] : ends[order_e[b]];
+            }
+            if (t2 != t) {
+                double len = (double)(t2 - t);
+                double *o = out + row * m;
+                uint32_t c = cols[pattern];
+                for (int col = 0; c; col++, c >>= 1)
+                    if (c & 1)
+                        o[col] += len;
+            }
+        }
+    }
+    return 0;
+}
+
 /* The per-instance reduction of the collectives (analyzers/collectives.py,
  * _reduce_instances) over rows already in key order (order: a stable argsort
  * of key), every field but the summed completions (numpy sums those: its

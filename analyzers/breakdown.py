@@ -171,11 +171,11 @@ def per_step(data) -> pd.DataFrame:
     kstart, kend, ranks, ridx = _rank_keys(ev)
     label = _LABEL_OF_CAT[ev.cat]
     label[(ev.cat == CAT["comm"]) & ev.blocking] = _COMM_BLOCKING
-    table, windows = pattern_table(kstart, kend, label, 5)
+    per_window, windows = pattern_table(kstart, kend, label, 5, _WEIGHTS)
     del kstart, kend
     figures = np.zeros((n_steps, len(_FIGURES)))
     step_pos = np.cumsum(is_step) - 1
-    figures[step_pos[windows]] = table @ _WEIGHTS
+    figures[step_pos[windows]] = per_window
     rank, t_end = ranks[ridx[is_step]], ev.t_end[is_step]
     order = np.lexsort((t_end, rank))       # by rank, then end (stable): the columns taken in that order once
     t_start = ev.t_start[is_step][order]

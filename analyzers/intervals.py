@@ -7,7 +7,7 @@ one window (a step) and is covered or not by each interval set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -92,7 +92,8 @@ def segments(windows_start: np.ndarray, windows_end: np.ndarray,
     return Segments(window, length[in_win], covs, n_win)
 
 
-def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_sets: int):
+def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_sets: int,
+                  weights: Optional[np.ndarray] = None):
     """Time per window per combination of covering interval sets.
 
     ``labels[i]`` says what interval i is: 0 a window, 1..n_sets a member
@@ -109,7 +110,13 @@ def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_se
     running sum in which every set has its own bit field counting its open
     intervals, a plain running count checking that no field overflowed
     (else each set is counted on its own). Both give the same table, bit
-    for bit."""
+    for bit.
+
+    ``weights`` (``2**n_sets`` rows of 0 / 1, one column per figure):
+    returns ``table @ weights`` instead, the kernel adding each segment to
+    its figures directly (no table 2**n_sets wide: 14 MB a 0.6 M-event
+    chunk for 5 sets). The same values bit for bit: every term is a whole
+    number of ns, each sum exact in any order below 2**53 ns."""
     labels = np.asarray(labels)
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     use = (labels >= 0) & (labels <= n_sets) & (ends > starts)  # empty / reversed intervals cover nothing
@@ -125,9 +132,39 @@ def pattern_table(starts: np.ndarray, ends: np.ndarray, labels: np.ndarray, n_se
     n_win, n_pat = len(win_idx), 1 << n_sets
     windows = keep[win_idx] if keep is not None else win_idx
     if n_win == 0:
-        return np.zeros((0, n_pat)), windows
+        return np.zeros((0, n_pat) if weights is None else (0, weights.shape[1])), windows
+    if weights is not None:
+        got = _weighted_compiled(starts, ends, lab, n_sets, weights, n_win)
+        if got is not None:
+            return got, windows
     t = np.concatenate([starts, ends])
     order = np.argsort(t, kind="stable")
+    table, windows = _pattern_table_after_sort(starts, ends, lab, t, order, n_sets, n_win, windows)
+    return (table, windows) if weights is None else (table @ weights, windows)
+
+
+def _weighted_compiled(starts, ends, lab, n_sets: int, weights: np.ndarray, n_win: int):
+    """``table @ weights`` by the compiled kernel (the starts and the ends
+    sorted apart, merged there); None where it is not available or the
+    weights are not 0 / 1."""
+    fn = native.kernel("commprof_pattern_weighted") if n_sets <= 12 else None
+    w = np.ascontiguousarray(weights, np.float64)
+    if fn is None or w.ndim != 2 or w.shape[0] != 1 << n_sets or w.shape[1] > 32 \
+            or not np.isin(w, (0.0, 1.0)).all():
+        return None
+    out = np.zeros((n_win, w.shape[1]))
+    starts, ends, lab = (np.ascontiguousarray(a) for a in (starts, ends, lab))
+    order_s = np.ascontiguousarray(np.argsort(starts, kind="stable"), np.int64)
+    order_e = np.ascontiguousarray(np.argsort(ends, kind="stable"), np.int64)
+    if fn(starts.ctypes.data, ends.ctypes.data, lab.ctypes.data, len(starts), order_s.ctypes.data,
+          order_e.ctypes.data, n_sets, w.ctypes.data, w.shape[1], out.ctypes.data, n_win) != 0:
+        return None
+    return out
+
+
+def _pattern_table_after_sort(starts, ends, lab, t, order, n_sets: int, n_win: int, windows):
+    """pattern_table's sweep over the sorted boundaries: the kernel, else numpy."""
+    n_pat = 1 << n_sets
     fn = native.kernel() if n_sets <= 30 else None
     if fn is not None:
         table = np.zeros(n_win * n_pat)

@@ -87,6 +87,8 @@ _P = ctypes.c_void_p
 #: the kernels: name -> (argument types, result type)
 SIGNATURES = {
     "commprof_pattern_sweep": ([_P, _P, _P, ctypes.c_int64, _P, ctypes.c_int, _P, ctypes.c_int64], ctypes.c_int),
+    "commprof_pattern_weighted": ([_P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int, _P, ctypes.c_int, _P,
+                                   ctypes.c_int64], ctypes.c_int),
     "commprof_reduce_instances": ([ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
     "commprof_rank_lines": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P],
                             ctypes.c_int64),

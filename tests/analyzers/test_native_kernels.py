@@ -70,6 +70,24 @@ def test_kernel_equals_numpy_bit_for_bit(wins, mems, n_sets):
     (ft, fw), (st_, sw) = both(pattern_table, *args)
     assert np.array_equal(fw, sw)
     assert ft.shape == st_.shape and np.array_equal(ft, st_), (ft, st_)
+    # figures of 0 / 1 weights added up in the kernel (its own merge of the
+    # starts and the ends): the table's product, bit for bit
+    weights = np.random.default_rng(len(mems) * 7 + n_sets).integers(0, 2, (1 << n_sets, 3)).astype(np.float64)
+    (fp, fw2), (sp, sw2) = both(pattern_table, *args, weights)
+    assert np.array_equal(fw2, sw) and np.array_equal(sw2, sw)
+    assert fp.shape == sp.shape == (len(sw), 3)
+    assert np.array_equal(fp, st_ @ weights) and np.array_equal(sp, st_ @ weights), (fp, st_ @ weights)
+
+
+@needs_cc
+def test_weights_other_than_0_or_1_take_the_product():
+    """The kernel adds whole segments to a figure: a weight of 0.5 is left
+    to the table's product, the same as without the kernel."""
+    args = (np.array([0, 10, 2, 12], np.int64), np.array([10, 20, 15, 14], np.int64),
+            np.array([0, 0, 1, 1], np.int8), 1)
+    weights = np.array([[0.5, 1.0], [1.0, 0.0]])
+    (fp, _), (sp, _) = both(pattern_table, *args, weights)
+    assert fp.tolist() == sp.tolist() == [[2 * 0.5 + 8.0, 2.0], [5 * 0.5 + 5.0, 5.0]]
 
 
 @needs_cc
