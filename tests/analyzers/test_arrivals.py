@@ -166,3 +166,24 @@ def test_a_hosts_ranks_in_chunks_of_their_own_keep_one_row_per_instance():
     assert np.array_equal(got["min_start"], np.minimum.reduce(starts))
     assert np.array_equal(got["max_start"], np.maximum.reduce(starts))
     assert np.array_equal(got["n"], np.full(n, 4))
+
+
+@pytest.mark.parametrize("sizes,reduced_again", [([3, 3, 3], 0), ([2, 4, 3], 2)])
+def test_a_chunk_of_one_hosts_ranks_takes_its_arrivals_from_the_instances(monkeypatch, sizes, reduced_again):
+    """A chunk holding one host's ranks (the usual case: chunks of whole
+    ranks, a host's ranks numbered together) is reduced once: its arrivals
+    are the instances' partial. A chunk across two hosts reduces its
+    arrivals per host. Either way the fold on aligned clocks."""
+    from commprof.analyzers import collectives
+
+    calls = []
+    real = collectives._reduce_arrivals
+    monkeypatch.setattr(collectives, "_reduce_arrivals", lambda *a, **k: calls.append(1) or real(*a, **k))
+    f, host, offsets = draw(8)
+    st = CollectiveStats()
+    st.defer_alignment(host)
+    for c in chunks_of(f, sizes):
+        st.add_instances_of(c)
+    assert len(calls) == reduced_again
+    st.align(offsets)
+    same(st, aligned(chunks_of(f, sizes), offsets))
