@@ -78,6 +78,9 @@ class RunAnalysis:
     #: the straggler rows of the per-step metrics (stragglers.step_verdicts),
     #: where they were tested beside the clock alignment; None: in the report
     step_stragglers: Optional[List[dict]] = None
+    #: what the breakdown table reads of the steps (scaling.step_figures),
+    #: computed beside the clock alignment; None: in the report
+    step_figures: Optional[dict] = None
 
     @property
     def n_steps(self) -> int:
@@ -683,6 +686,9 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # (at 100 M events they would not fit beside the per-host table in
         # 2 GiB: they stay in the report)
         early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
+        # and what the breakdown table reads of the steps
+        from . import scaling
+        figures = pool.submit(scaling.step_figures, steps, batch_size) if not steps.empty else None
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()
@@ -701,6 +707,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         _return_free_heap()
         clock.since("per-host table", t0)
         step_stragglers = early.result() if early is not None else None
+        step_figures = figures.result() if figures is not None else None
     return RunAnalysis(
         label=config_label(meta, group_by), meta=meta, world_size=int(meta.get("world_size") or 1),
         steps=steps, colls=colls, batch_size=batch_size, timeline=acc.timeline.finish(offsets),
@@ -708,4 +715,5 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         kernel_shares=acc.kernel_shares.finish(), gpu_breakdown=acc.gpu_breakdown.finish(),
         clocks=clock_table, offsets=offsets, hosts=hosts, nodes=per_host, scope=scope, links=links,
         fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent,
-        comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls), step_stragglers=step_stragglers)
+        comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls), step_stragglers=step_stragglers,
+        step_figures=step_figures)

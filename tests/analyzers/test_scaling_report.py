@@ -131,6 +131,31 @@ def test_streaming_chunks_give_the_same_answer(tmp_path):
         pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
 
 
+def test_the_step_figures_taken_beside_the_alignment_give_the_tables_row(tmp_path):
+    """The breakdown table's row of a run from the figures taken beside the
+    clock alignment, from its steps in the table, and of two runs of one
+    configuration (where the figures of each are not used): the same."""
+    from dataclasses import replace
+
+    from commprof.analyzers import scaling
+
+    a = run_of(tmp_path, "a", 4, bucket_ms=9, arrive_ms=1.5)
+    b = write_run(tmp_path / "b.parquet", {r: ddp_rank(r, 4, 6, bucket_ms=12) for r in range(4)})
+    _, runs = analyze([a, b], warmup=1)
+    assert all(r.step_figures is not None and r.step_figures["of"] is r.steps for r in runs)
+    for r in runs:
+        with_figures = scaling.breakdown_table([r])
+        pd.testing.assert_frame_equal(with_figures, scaling.breakdown_table([replace(r, step_figures=None)]))
+        # figures of other steps are not read
+        other = replace(r, steps=r.steps.iloc[: len(r.steps) // 2])
+        pd.testing.assert_frame_equal(scaling.breakdown_table([other]),
+                                      scaling.breakdown_table([replace(other, step_figures=None)]))
+        assert not scaling.breakdown_table([other]).equals(with_figures)
+    same = [replace(r, label="one", world_size=4) for r in runs]
+    pd.testing.assert_frame_equal(scaling.breakdown_table(same),
+                                  scaling.breakdown_table([replace(r, step_figures=None) for r in same]))
+
+
 def test_hosts_are_aligned_by_wall_clock(tmp_path):
     # rank 1 lives on another host whose monotonic clock is 5 s behind: after
     # alignment both ranks issue at the same instant (skew 0).
