@@ -451,15 +451,19 @@ class FineGrain:
             self.events.append(fine[0])
             self.sampled.add(fine[1])
 
-    def finish(self, offsets: Dict[int, int]):
+    def rows(self) -> Tuple[pd.DataFrame, pd.DataFrame]:
+        """(phases, grads) on each rank's own clock (no offsets needed:
+        built beside the clock alignment)."""
         if not self.events:
-            return buckets.shifted(pd.DataFrame(columns=buckets.PHASE_COLUMNS),
-                                   pd.DataFrame(columns=buckets.GRAD_COLUMNS), offsets)
+            return pd.DataFrame(columns=buckets.PHASE_COLUMNS), pd.DataFrame(columns=buckets.GRAD_COLUMNS)
         ev = pa.concat_tables(self.events, promote_options="permissive").to_pandas()
         self.events = []
         sampled = self.sampled.finish()
-        phases, grads = buckets.rank_rows(ev, sampled, sampled=sampled)
-        return buckets.shifted(phases, grads, offsets)
+        return buckets.rank_rows(ev, sampled, sampled=sampled)
+
+    def finish(self, offsets: Dict[int, int], rows: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None):
+        """The rows (:meth:`rows`, or those given) on the aligned clocks."""
+        return buckets.shifted(*(rows if rows is not None else self.rows()), offsets)
 
 
 class Timeline:
@@ -685,6 +689,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # and the steps' straggler tests, where their matrices are small
         # (at 100 M events they would not fit beside the per-host table in
         # 2 GiB: they stay in the report)
+        # and the fine grain's rows, on the ranks' own clocks
+        fine_rows = pool.submit(acc.fine.rows)
         early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
         # and what the breakdown table reads of the steps
         from . import scaling
@@ -693,7 +699,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()
         colls = acc.colls.finish(offsets)
-        fine_phases, fine_grads = acc.fine.finish(offsets)
+        fine_phases, fine_grads = acc.fine.finish(offsets, fine_rows.result())
         scope, links = side.result()
         if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
             counts = acc.colls.calls.frame()
