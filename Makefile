@@ -39,13 +39,16 @@ $(STAMP): $(PY) setup.cfg pyproject.toml requirements-torch.txt requirements-tes
 # compiled parts, as `commprof record` and `commprof report` build them on
 # first use (~35 s on 2 cores; kept in ~/.cache/commprof/native): the native
 # DDP hooks and the analysis kernels. Where one cannot be built, commprof
-# uses its Python path and says why; the install goes on.
+# uses its Python path and says why; the install goes on. Last, commprof's
+# bytecode, as pip writes it for an installed package (an environment with
+# PYTHONDONTWRITEBYTECODE would compile every module at each command).
 $(OPS): $(STAMP) commprof/record/_pghooks.cpp analyzers/_kernels.c
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TORCH_EXTENSIONS_DIR=$(EXT) $(PY) -c "from deepspeed.accelerator \
 		import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -c "from commprof.record import native; native.build()" \
 		|| echo "commprof's native DDP hooks were not built: recorded jobs use the Python hooks"
 	$(PY) -c "from commprof.analyzers import native; native.kernel(); print('analysis kernels:', native.status())"
+	$(PY) -m compileall -q commprof analyzers
 	touch $(OPS)
 
 install: $(STAMP) $(OPS)
