@@ -255,7 +255,8 @@ class Columns(Frames):
         return pd.DataFrame({c: np.concatenate([p.pop(c) for p in parts]) for c in list(parts[0])}, copy=False)
 
 
-#: measured steps up to which their straggler tests run beside the clock
+#: measured steps up to which their straggler tests and the breakdown table's
+#: figures (scaling.step_figures) run beside the clock
 #: alignment and the per-host table (steps x ranks matrices of ~8 B a step:
 #: 10 M events, 0.9 M steps; at 100 M events, 9.1 M steps, the report's peak
 #: would pass 2 GiB)
@@ -692,9 +693,12 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # and the fine grain's rows, on the ranks' own clocks
         fine_rows = pool.submit(acc.fine.rows)
         early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
-        # and what the breakdown table reads of the steps
+        # and what the breakdown table reads of the steps (where they are
+        # few enough, as the straggler tests: 100 M events peaked at 2,022
+        # MiB with them here, benchmarks/results/report_speed/)
         from . import scaling
-        figures = pool.submit(scaling.step_figures, steps, batch_size) if not steps.empty else None
+        figures = pool.submit(scaling.step_figures, steps, batch_size) \
+            if not steps.empty and len(steps) <= SIDE_STEP_ROWS else None
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()

@@ -155,9 +155,9 @@ def test_a_slow_host_is_named_and_equal_hosts_are_not():
 @pytest.mark.parametrize("side_rows", [None, 0])
 def test_the_step_tests_run_beside_the_alignment_give_the_reports_table(tmp_path, monkeypatch, side_rows):
     """A planted straggler on two hosts, through the analysis: the per-step
-    tests run beside the clock alignment (or, past SIDE_STEP_ROWS, in the
-    report) and the stragglers table is the one the report computes from
-    the steps alone."""
+    tests (and the breakdown table's figures) run beside the clock
+    alignment (or, past SIDE_STEP_ROWS, in the report) and the stragglers
+    table is the one the report computes from the steps alone."""
     import dataclasses
 
     import pandas as pd
@@ -171,6 +171,9 @@ def test_the_step_tests_run_beside_the_alignment_give_the_reports_table(tmp_path
     path = Sim(8, 50, seed=2, slow_rank=5, delta_ms=2.0, gpus_per_node=4).run().write(tmp_path / "t.parquet")
     a = commprof.load(path).analysis()
     assert (a.step_stragglers is None) is (side_rows == 0)
+    assert (a.step_figures is None) is (side_rows == 0)         # the breakdown's figures: the same gate
+    pd.testing.assert_frame_equal(scaling.breakdown_table([a]),
+                                  scaling.breakdown_table([dataclasses.replace(a, step_figures=None)]))
     table = scaling.stack(scaling.straggler_tables([a]))
     alone = scaling.stack(scaling.straggler_tables([dataclasses.replace(a, step_stragglers=None)]))
     pd.testing.assert_frame_equal(table, alone)
