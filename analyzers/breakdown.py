@@ -30,7 +30,7 @@ moved onto a private stretch of one int64 time line.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import pandas as pd
@@ -38,6 +38,8 @@ import pandas as pd
 from ..trace.schema import CAT, CATEGORIES as CATEGORIES_ALL
 from .events import Events
 from .intervals import pattern_table
+from .stragglers import imbalance_pct
+from .throughput import throughput
 
 CATEGORIES = ("data", "comm", "compute", "other")
 STEP_COLUMNS = ["rank", "step", "t_start", "t_end", "step_time", "items", "data", "comm", "compute",
@@ -239,3 +241,21 @@ def rank_spread(steps: pd.DataFrame, column: str) -> tuple:
     g = steps.groupby("rank")[[column, "step_time"]].sum()
     s = 100.0 * g[column] / g["step_time"]
     return float(s.min()), float(s.max())
+
+
+def share_figures(steps: pd.DataFrame) -> dict:
+    """Shares and their intervals, the ranks' spread of comm %, step time
+    median and p95 (ms) of some steps."""
+    return {"shares": shares(steps), "intervals": share_intervals(steps),
+            "spread": rank_spread(steps, "comm"),
+            "median": float(np.median(steps["step_time"]) / 1e6) if len(steps) else np.nan,
+            "p95": float(np.percentile(steps["step_time"], 95) / 1e6) if len(steps) else np.nan}
+
+
+def step_figures(steps: pd.DataFrame, batch_size: Optional[int]) -> dict:
+    """What the breakdown table (scaling.breakdown_table) reads of one
+    run's steps: :func:`share_figures`, throughput, imbalance; computed
+    beside the clock alignment (analyzers/run.py), the same functions on the
+    same rows."""
+    return {"of": steps, "batch_size": batch_size, **share_figures(steps),
+            "throughput": throughput(steps, batch_size), "imbalance": imbalance_pct(steps)}

@@ -9,6 +9,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
+from ..trace import schema as _schema
 from ..trace.schema import TraceFormatError
 # Report, Table and ColumnSpec live at the bottom (trace/tables.py) so that renderers import no analyzer;
 # importing them from here keeps working.
@@ -17,8 +18,9 @@ from . import evidence, stragglers
 
 
 #: The trace columns the report reads.
-REPORT_COLUMNS = ["rank", "step", "category", "name", "source", "detail", "t_start", "t_end", "dev_start", "dev_end",
-                  "bytes", "dtype", "group", "group_size", "seq", "blocking", "items", "value"]
+#: the columns the report reads: all of them (the trace schema's, in file
+#: order; commprof report starts reading them before this module loads)
+REPORT_COLUMNS = list(_schema.TRACE_SCHEMA.names)
 
 BREAKDOWN_COLUMNS = [  # most important first: a narrow terminal shows these, the rest continue below
     ("config", "configuration", ""), ("gpus", "GPUs", "d"),

@@ -78,7 +78,7 @@ class RunAnalysis:
     #: the straggler rows of the per-step metrics (stragglers.step_verdicts),
     #: where they were tested beside the clock alignment; None: in the report
     step_stragglers: Optional[List[dict]] = None
-    #: what the breakdown table reads of the steps (scaling.step_figures),
+    #: what the breakdown table reads of the steps (breakdown.step_figures),
     #: computed beside the clock alignment; None: in the report
     step_figures: Optional[dict] = None
 
@@ -256,7 +256,7 @@ class Columns(Frames):
 
 
 #: measured steps up to which their straggler tests and the breakdown table's
-#: figures (scaling.step_figures) run beside the clock
+#: figures (breakdown.step_figures) run beside the clock
 #: alignment and the per-host table (steps x ranks matrices of ~8 B a step:
 #: 10 M events, 0.9 M steps; at 100 M events, 9.1 M steps, the report's peak
 #: would pass 2 GiB)
@@ -696,8 +696,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # and what the breakdown table reads of the steps (where they are
         # few enough, as the straggler tests: 100 M events peaked at 2,022
         # MiB with them here, benchmarks/results/report_speed/)
-        from . import scaling
-        figures = pool.submit(scaling.step_figures, steps, batch_size) \
+        figures = pool.submit(breakdown.step_figures, steps, batch_size) \
             if not steps.empty and len(steps) <= SIDE_STEP_ROWS else None
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)

@@ -82,22 +82,6 @@ def adopt_baselines(runs: List[RunAnalysis], group_by: Optional[Sequence[str]] =
     return out
 
 
-def _share_figures(steps: pd.DataFrame) -> dict:
-    return {"shares": breakdown.shares(steps), "intervals": breakdown.share_intervals(steps),
-            "spread": breakdown.rank_spread(steps, "comm"),
-            "median": float(np.median(steps["step_time"]) / 1e6) if len(steps) else np.nan,
-            "p95": float(np.percentile(steps["step_time"], 95) / 1e6) if len(steps) else np.nan}
-
-
-def step_figures(steps: pd.DataFrame, batch_size: Optional[int]) -> dict:
-    """What :func:`breakdown_table` reads of one run's steps (shares and
-    their intervals, the ranks' spread of comm %, step time median and p95,
-    throughput, imbalance): computed beside the clock alignment
-    (analyzers/run.py), the same functions on the same rows."""
-    return {"of": steps, "batch_size": batch_size, **_share_figures(steps),
-            "throughput": throughput.throughput(steps, batch_size), "imbalance": stragglers.imbalance_pct(steps)}
-
-
 def breakdown_table(runs: List[RunAnalysis], peak: Optional[float] = None) -> pd.DataFrame:
     """One row per (configuration, GPU count); ``peak``: the GPU's peak
     TFLOP/s for MFU (None: known devices by name)."""
@@ -106,11 +90,11 @@ def breakdown_table(runs: List[RunAnalysis], peak: Optional[float] = None) -> pd
         steps = _steps_of(members)
         if steps.empty:
             continue
-        fig = members[0].step_figures if len(members) == 1 else None
+        fig = members[0].step_figures if len(members) == 1 else None     # breakdown.step_figures
         if fig is not None and fig["of"] is steps and members[0].batch_size == fig["batch_size"]:
             tps, imbalance = [fig["throughput"]], [fig["imbalance"]]
         else:
-            fig = _share_figures(steps)
+            fig = breakdown.share_figures(steps)
             tps = [throughput.throughput(r.steps, r.batch_size) for r in members]
             imbalance = [stragglers.imbalance_pct(r.steps) for r in members]
         sh, iv, (lo, hi) = fig["shares"], fig["intervals"], fig["spread"]

@@ -24,11 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import assemble as _assemble
+from .trace import parquet as _parquet
 
 PathLike = Union[str, "Trace"]
-#: events per chunk the analysis reads at a time (whole ranks, so a chunk
-#: can be larger)
-CHUNK_ROWS = 500_000
+CHUNK_ROWS = _parquet.CHUNK_ROWS
 
 
 @dataclass(frozen=True)

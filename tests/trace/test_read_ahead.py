@@ -1,0 +1,76 @@
+"""commprof report decodes a trace file's first chunks while its analyzers
+are imported (trace.parquet.read_ahead): the reader then starts with them,
+the same chunks in the same order, the file read once; an error met ahead
+is raised where the reader would have met it."""
+import os
+import sys
+
+import pytest
+
+from commprof.trace import parquet, schema
+from commprof.trace.schema import TraceFormatError
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from tracegen import ddp_rank, write_run  # noqa: E402
+
+
+def _file(tmp_path, ranks=5):
+    p = str(tmp_path / "trace.parquet")
+    w = parquet.TraceWriter(p)              # one row group per rank: one chunk per rank at max_rows=1
+    for r in range(ranks):
+        w.write(schema.rows_to_table(ddp_rank(r, ranks, 4), r))
+    w.close({"world_size": ranks}, [{"rank": r} for r in range(ranks)])
+    return p
+
+
+@pytest.mark.parametrize("ahead", [0, 2, 9])
+def test_the_reader_starts_with_the_chunks_read_ahead(tmp_path, ahead):
+    p = _file(tmp_path)
+    cols = ["rank", "step", "t_start"]
+    plain = list(parquet.iter_file_chunks(p, cols, max_rows=1))
+    assert len(plain) == 5
+    parquet.read_ahead(p, cols, max_rows=1, chunks=ahead)
+    assert list(parquet._AHEAD) == [(os.path.abspath(p), tuple(cols), 1)]
+    got = list(parquet.iter_file_chunks(p, cols, max_rows=1))
+    assert not parquet._AHEAD
+    assert len(got) == len(plain) and all(a.equals(b) for a, b in zip(got, plain))
+
+
+def test_other_columns_or_sizes_read_the_file_themselves(tmp_path):
+    p = _file(tmp_path, 3)
+    parquet.read_ahead(p, ["rank", "step"], max_rows=1, chunks=1)
+    try:
+        assert len(list(parquet.iter_file_chunks(p, ["rank"], max_rows=1))) == 3
+        assert len(list(parquet.iter_file_chunks(p, ["rank", "step"], max_rows=10**6))) == 1
+        assert parquet._AHEAD                   # still waiting for its own reader
+    finally:
+        parquet._AHEAD.clear()
+
+
+def test_an_error_met_ahead_is_raised_to_the_reader(tmp_path):
+    bad = tmp_path / "trace.parquet"
+    bad.write_bytes(b"PAR1 not a parquet file")
+    with pytest.raises(TraceFormatError) as plain:
+        list(parquet.iter_file_chunks(str(bad), None, max_rows=1))
+    parquet.read_ahead(str(bad), None, max_rows=1)
+    with pytest.raises(TraceFormatError) as ahead:
+        list(parquet.iter_file_chunks(str(bad), None, max_rows=1))
+    assert str(ahead.value) == str(plain.value)
+
+
+def test_commprof_report_reads_its_trace_once(tmp_path, monkeypatch):
+    """The report's reader asks for what the command read ahead: the file's
+    chunks are produced once (nothing read twice, nothing left waiting)."""
+    from commprof.cli import main
+
+    path = write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(4)})
+    calls = []
+    real = parquet._iter_file_chunks
+    monkeypatch.setattr(parquet, "_iter_file_chunks", lambda *a: calls.append(a) or real(*a))
+    started = []
+    real_ahead = parquet.read_ahead
+    monkeypatch.setattr(parquet, "read_ahead", lambda *a, **k: started.append(a) or real_ahead(*a, **k))
+    out = tmp_path / "r.json"
+    assert main(["report", path, "--format", "json", "-o", str(out)]) == 0
+    assert len(started) == 1 and len(calls) == 1 and calls[0][0] == path and not parquet._AHEAD
+    assert out.stat().st_size > 1000
