@@ -177,3 +177,24 @@ def test_absurd_timestamps_name_the_rank_and_the_event(tmp_path, capsys):
     write_trace(table, str(path), {"world_size": 1}, [{"rank": 0, "world_size": 1}])
     line = _one_line_error(capsys, ["report", str(path)], "rank 0: its events span")
     assert "event 3 (" in line and f"t_end {(1 << 62) + 12345}" in line and "nanoseconds on one clock" in line
+
+
+def test_the_command_ends_with_all_its_output_written(tmp_path, capsys):
+    """`commprof report` ends its process without the interpreter's teardown
+    (cli.entry): what it prints and writes is all there, the exit code
+    kept; bad input still exits 2 with its one line."""
+    import subprocess
+    import sys
+
+    path = good_trace(tmp_path / "t.parquet", n_steps=6)
+    assert main(["report", path, "--format", "csv", "--table", "breakdown"]) == 0
+    expected = capsys.readouterr().out
+    cmd = [sys.executable, "-m", "commprof", "report", path]
+    run = subprocess.run(cmd + ["--format", "csv", "--table", "breakdown"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout == expected and len(expected) > 100, run.stderr
+    out = tmp_path / "r.json"
+    run = subprocess.run(cmd + ["--format", "json", "-o", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0 and json.loads(out.read_text())
+    run = subprocess.run([sys.executable, "-m", "commprof", "report", str(tmp_path / "none")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.startswith("commprof: error: ")
