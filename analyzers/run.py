@@ -423,10 +423,17 @@ class CallCounts:
         nbytes = comm.column("bytes").to_numpy(zero_copy_only=False).astype(np.float64)
         known = ~np.isnan(nbytes)
         width = len(groups) + 1
-        key, inv = int_codes((op + 1) * width + grp + 1)
-        calls = np.bincount(inv, minlength=len(key))
-        b_sum = np.bincount(inv, weights=np.where(known, nbytes, 0.0), minlength=len(key))
-        b_n = np.bincount(inv, weights=known, minlength=len(key))
+        if len(op) and (op == op[0]).all() and (grp == grp[0]).all():     # one (op, group), the usual chunk
+            key = np.array([(op[0] + 1) * width + grp[0] + 1])
+            calls = np.array([len(op)])
+            # bincount's own sum (in row order), as for several keys
+            b_sum = np.bincount(np.zeros(len(op), np.intp), weights=np.where(known, nbytes, 0.0))
+            b_n = np.array([np.count_nonzero(known)])
+        else:
+            key, inv = int_codes((op + 1) * width + grp + 1)
+            calls = np.bincount(inv, minlength=len(key))
+            b_sum = np.bincount(inv, weights=np.where(known, nbytes, 0.0), minlength=len(key))
+            b_n = np.bincount(inv, weights=known, minlength=len(key))
         names, gnames = ["nan"] + list(ops), ["nan"] + list(groups)       # a null as pandas prints it
         for k, c, s_, n in zip(key.tolist(), calls.tolist(), b_sum.tolist(), b_n.tolist()):
             acc = self.sums.setdefault((names[k // width], gnames[k % width]), [0, 0.0, 0])

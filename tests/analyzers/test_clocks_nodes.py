@@ -316,3 +316,29 @@ def test_instances_sorted_by_key_then_completion_as_lexsort_sorts_them():
         np.testing.assert_array_equal(clocks._by_key_then(key, t), np.lexsort((t, key)))
     empty = np.zeros(0, np.int64)
     assert len(clocks._by_key_then(empty, empty)) == 0
+
+
+def test_exact_call_counts_of_one_op_and_group_as_of_several():
+    """CallCounts: a chunk of one (op, group) (the usual one) counted by
+    its own path gives what the general one does: calls, bytes summed in
+    row order (sizes that are not whole, unknown ones), known sizes."""
+    import pyarrow as pa
+
+    from commprof.analyzers.run import CallCounts
+
+    rng = np.random.default_rng(3)
+    n = 5000
+    nbytes = rng.random(n) * 1e7
+    nbytes[::7] = np.nan
+    one = pa.table({"name": pa.array(["all_reduce"] * n).dictionary_encode(),
+                    "group": pa.array(["world"] * n).dictionary_encode(), "bytes": nbytes})
+    other = pa.table({"name": pa.array(["broadcast"]).dictionary_encode(),
+                      "group": pa.array(["world"]).dictionary_encode(), "bytes": [8.0]})
+    alone, mixed = CallCounts(), CallCounts()
+    alone.add(one)
+    mixed.add(pa.concat_tables([one, other]).unify_dictionaries())
+    a = alone.frame()
+    m = mixed.frame().set_index("op").loc[["all_reduce"]].reset_index()
+    pd.testing.assert_frame_equal(a, m)
+    assert a.loc[0, "calls"] == n and a.loc[0, "bytes_n"] == n - len(nbytes[::7])
+    assert a.loc[0, "bytes_sum"] == np.bincount(np.zeros(n, int), weights=np.nan_to_num(nbytes))[0]
