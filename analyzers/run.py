@@ -116,15 +116,19 @@ class ChunkRows:
     fine: Optional[Tuple[pa.Table, pd.DataFrame]] = None      # (events, steps) of the sampled steps
     span: Optional[pd.DataFrame] = None         # per rank: first and last measured step
 
-    compact: Optional[pd.DataFrame] = None      # measured steps without times, compact types
+    #: measured steps without times, compact types: a column at a time
+    #: (arrays of their own, no frame built)
+    compact: Optional[Dict[str, np.ndarray]] = None
 
     def __post_init__(self):
         if self.compact is None and not self.steps.empty:    # in the worker that swept the chunk
-            self.compact = self.steps.drop(columns=["t_start", "t_end"]).astype(_COMPACT)
+            self.compact = {c: self.steps[c].to_numpy().astype(_COMPACT[c]) for c in self.steps.columns
+                            if c not in ("t_start", "t_end")}
 
     @property
     def compact_steps(self) -> pd.DataFrame:
-        return self.compact
+        """The compact steps as a frame (over the same arrays)."""
+        return pd.DataFrame(self.compact, copy=False)
 
 
 def pa_mask(mask: np.ndarray):
@@ -247,6 +251,10 @@ class Columns(Frames):
     def add(self, frame: Optional[pd.DataFrame]) -> None:
         if frame is not None:
             self.parts.append({c: frame[c].to_numpy(copy=True) for c in frame.columns})
+
+    def add_arrays(self, arrays: Dict[str, np.ndarray]) -> None:
+        """A piece given as arrays of its own (kept, not copied)."""
+        self.parts.append(dict(arrays))
 
     def finish(self) -> pd.DataFrame:
         if not self.parts:
@@ -483,8 +491,11 @@ class Timeline:
         self.source: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None
         self.table = pd.DataFrame()
 
+    def wants_more(self) -> bool:
+        return self.table.empty and self.source is None
+
     def add(self, chunk: pa.Table, steps: pd.DataFrame) -> None:
-        if not self.table.empty or self.source is not None:
+        if not self.wants_more():
             return
         if self.multi_host:
             self.source = (_small_window(chunk, steps), steps)
@@ -517,7 +528,7 @@ class _Accumulators:
     multi_host: bool
     domain: Optional[Dict[int, int]] = None
     reread: Optional[Callable[[], Iterable[pa.Table]]] = None
-    steps: Frames = field(default_factory=lambda: Columns(
+    steps: Columns = field(default_factory=lambda: Columns(
         [c for c in breakdown.STEP_COLUMNS if c not in ("t_start", "t_end")]))
     telemetry: Frames = field(default_factory=Frames)
     phases: Frames = field(default_factory=Frames)
@@ -532,8 +543,8 @@ class _Accumulators:
         self.timeline = Timeline(self.multi_host)
 
     def add(self, chunk: pa.Table, rows: ChunkRows) -> None:
-        steps = rows.compact_steps
-        self.steps.add(steps)
+        if rows.compact is not None:
+            self.steps.add_arrays(rows.compact)
         self.telemetry.add(rows.telemetry)
         self.phases.add(rows.phases)
         self.fine.add(rows.fine)
@@ -541,7 +552,8 @@ class _Accumulators:
             self.kernel_shares.add(rows.kernels[0])
             self.gpu_breakdown.add(rows.kernels[1])
         self.colls.add(rows.comm, rows.span)
-        self.timeline.add(chunk, steps)
+        if self.timeline.wants_more():
+            self.timeline.add(chunk, rows.compact_steps)
 
 
 # -- the run -------------------------------------------------------------------
