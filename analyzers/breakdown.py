@@ -197,6 +197,11 @@ def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
     (better a noisy figure than none)."""
     if steps.empty:
         return steps
+    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
+    if bool(np.all(rank[1:] >= rank[:-1])):     # by rank, as per_step gives them: each rank's run at once
+        first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+        short = np.repeat(np.maximum.reduceat(step, first) < warmup, np.diff(np.r_[first, len(rank)]))
+        return steps[(step >= warmup) | short]
     keep = steps["step"] >= warmup
     short = steps.groupby("rank")["step"].transform("max") < warmup
     return steps[keep | short]

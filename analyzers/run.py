@@ -142,10 +142,22 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     steps = breakdown.measured(breakdown.per_step(ev), warmup)
     if steps.empty:
         return ChunkRows(steps)
-    span = steps.groupby("rank")["step"].agg(["min", "max"])
+    span = _span(steps)
     return ChunkRows(steps, _comm_rows(chunk, ev.rank, ev.step, ev.cat, span, multi_host),
                      _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
                      _fine_rows(chunk, ev, steps), span)
+
+
+def _span(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, its first and last measured step
+    (``steps.groupby("rank")["step"].agg(["min", "max"])``; by numpy where
+    the steps come by rank, as per_step gives them)."""
+    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
+    if not bool(np.all(rank[1:] >= rank[:-1])):
+        return steps.groupby("rank")["step"].agg(["min", "max"])
+    first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+    return pd.DataFrame({"min": np.minimum.reduceat(step, first), "max": np.maximum.reduceat(step, first)},
+                        index=pd.Index(rank[first], name="rank"))
 
 
 def _comm_rows(chunk, rank: np.ndarray, step: np.ndarray, cat: np.ndarray, span: pd.DataFrame,

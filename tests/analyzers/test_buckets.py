@@ -148,3 +148,26 @@ def test_the_sampled_steps_are_every_stride_th_of_each_rank_in_step_order(max_st
     assert list(got.columns) == ["rank", "step", "s0", "s1"]
     assert [tuple(int(v) for v in row) for row in got.itertuples(index=False)] == want
     assert bk.sampled_steps(steps.iloc[:0], max_steps).empty
+
+
+def test_measured_steps_and_their_span_by_rank_runs_as_by_groupby():
+    """The measured steps (warm-up left out, a rank with no more steps kept
+    whole) and each rank's first and last measured step, read off the rank
+    runs per_step gives: what pandas' groupby gives, sorted or not."""
+    import numpy as np
+    import pandas as pd
+
+    from commprof.analyzers import breakdown
+    from commprof.analyzers.run import _span
+
+    rng = np.random.default_rng(5)
+    rows = [(r, s) for r in range(7) for s in range(int(rng.integers(1, 9)))]
+    steps = pd.DataFrame(rows, columns=["rank", "step"]).assign(step_time=rng.random(len(rows)))
+    for frame in (steps, steps.sample(frac=1.0, random_state=1)):
+        for warmup in (0, 1, 3, 50):
+            got = breakdown.measured(frame, warmup)
+            keep = frame["step"] >= warmup
+            short = frame.groupby("rank")["step"].transform("max") < warmup
+            pd.testing.assert_frame_equal(got, frame[keep | short])
+            if len(got):
+                pd.testing.assert_frame_equal(_span(got), got.groupby("rank")["step"].agg(["min", "max"]))
