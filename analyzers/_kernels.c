@@ -1,10 +1,11 @@
 /* The analyzers' compiled kernels, each the same arithmetic as the numpy
  * path it replaces, so the results are bit for bit the same: the
- * breakdown's cover-pattern sweep (analyzers/intervals.py, pattern_table)
- * and its per-rank time lines (analyzers/breakdown.py, _rank_keys), and the
- * collectives' per-instance reduction (analyzers/collectives.py,
- * _reduce_instances). Built and loaded by analyzers/native.py; the numpy
- * paths are used where it cannot be. */
+ * breakdown's cover-pattern sweep, as a table or straight into weighted
+ * figures (analyzers/intervals.py, pattern_table), its per-rank time lines
+ * (analyzers/breakdown.py, _rank_keys), the sweep's row masks
+ * (analyzers/run.py, _event_masks), and the collectives' per-instance
+ * reduction (analyzers/collectives.py, _reduce_instances). Built and loaded
+ * by analyzers/native.py; the numpy paths are used where it cannot be. */
 #include <stdint.h>
 
 /* Boundaries in time order: order[i] < n is the start of interval order[i],
@@ -275,4 +276,30 @@ void commprof_rank_keys(int64_t n, const int64_t *rank, const int64_t *ts, const
         kstart[i] = (int64_t)(hi | ((uint64_t)ts[i] - base));
         kend[i] = (int64_t)(hi | ((uint64_t)te[i] - base));
     }
+}
+
+/* The sweep's two row masks in one pass (analyzers/run.py, _event_masks):
+ * keep_comm[i] when event i is a collective (cat == comm_code) of a measured
+ * step of its rank (first[s] <= step <= last[s], s = rank - lo; first >
+ * last where the rank measured nothing), keep_fine[i] when its category is
+ * one the fine grain reads (fine_cat[cat], cat in [0, n_cat)) and its
+ * (rank, step) is sampled (sampled[s * width + step - s0], steps outside
+ * [s0, s0 + width) are not). Ranks lie in [lo, lo + n_slots). Returns the
+ * number of collectives, measured or not. */
+int64_t commprof_event_masks(int64_t n, const int64_t *rank, const int64_t *step, const int8_t *cat, int64_t lo,
+                             const int64_t *first, const int64_t *last, int comm_code, const uint8_t *fine_cat,
+                             int n_cat, int64_t s0, int64_t width, const uint8_t *sampled, uint8_t *keep_comm,
+                             uint8_t *keep_fine)
+{
+    int64_t comm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = rank[i] - lo, st = step[i];
+        int c = cat[i];
+        int is_comm = c == comm_code;
+        comm += is_comm;
+        keep_comm[i] = (uint8_t)(is_comm && st >= first[s] && st <= last[s]);
+        int64_t k = st - s0;
+        keep_fine[i] = (uint8_t)(c >= 0 && c < n_cat && fine_cat[c] && k >= 0 && k < width && sampled[s * width + k]);
+    }
+    return comm;
 }

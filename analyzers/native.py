@@ -1,7 +1,7 @@
 """The analyzers' compiled kernels (``_kernels.c``): the breakdown's
-cover-pattern sweep and per-rank time lines and the collectives'
-per-instance reduction, each in one or two passes where numpy needs a
-dozen over every row
+cover-pattern sweep and per-rank time lines, the sweep's row masks and
+the collectives' per-instance reduction, each in one or two passes where
+numpy needs a dozen over every row
 (benchmarks/results/report_speed/).
 
 Built once per source with the system's C compiler (``$CC``, else ``cc``;
@@ -89,6 +89,8 @@ SIGNATURES = {
     "commprof_pattern_sweep": ([_P, _P, _P, ctypes.c_int64, _P, ctypes.c_int, _P, ctypes.c_int64], ctypes.c_int),
     "commprof_pattern_weighted": ([_P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int, _P, ctypes.c_int, _P,
                                    ctypes.c_int64], ctypes.c_int),
+    "commprof_event_masks": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int, _P, ctypes.c_int,
+                              ctypes.c_int64, ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
     "commprof_reduce_instances": ([ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
     "commprof_rank_lines": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P],
                             ctypes.c_int64),

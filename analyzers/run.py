@@ -33,7 +33,7 @@ from .collectives import CollectiveStats, _codes as _dict_codes
 from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline
 from ..trace.metadata import batch_size as infer_batch_size
-from ..trace.schema import CAT
+from ..trace.schema import CAT, CATEGORIES
 
 DEFAULT_GROUP_BY = ("framework", "loader", "model", "batch_size")
 #: per-step rows kept for the whole run in these dtypes
@@ -143,9 +143,53 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     if steps.empty:
         return ChunkRows(steps)
     span = _span(steps)
-    return ChunkRows(steps, _comm_rows(chunk, ev.rank, ev.step, ev.cat, span, multi_host),
+    sampled = buckets.sampled_steps(steps)
+    masks = _event_masks(ev, span, sampled)
+    return ChunkRows(steps, _comm_rows(chunk, ev.rank, ev.step, ev.cat, span, multi_host,
+                                       masks[0] if masks is not None else None),
                      _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
-                     _fine_rows(chunk, ev, steps), span)
+                     _fine_rows(chunk, ev, steps, sampled, masks[1] if masks is not None else None), span)
+
+
+#: the categories the fine grain reads (analyzers/buckets.py)
+_FINE_CATS = ("compute", "comm", "data", "wait")
+
+
+def _event_masks(ev: Events, span: pd.DataFrame, sampled: pd.DataFrame):
+    """(collectives of measured steps, events of the fine grain's sampled
+    steps): the masks :func:`_comm_rows` and :func:`_fine_rows` compute, in
+    one pass of the compiled kernel (analyzers/native.py; None where it is
+    not available, or the ranks and steps too far apart for its tables:
+    those two then compute their own, the same)."""
+    from . import native
+
+    fn = native.kernel("commprof_event_masks")
+    n = len(ev.rank)
+    if fn is None or not n or span.empty:
+        return None
+    lo, hi = int(ev.rank.min()), int(ev.rank.max())
+    s0, s1 = int(ev.step.min()), int(ev.step.max())
+    ranks = span.index.to_numpy(np.int64)
+    slots, width = hi - lo + 1, s1 - s0 + 1
+    if ranks.min() < lo or ranks.max() > hi or slots * width > max(4 * n, 1 << 20):
+        return None
+    first = np.ones(slots, np.int64)            # first > last: nothing measured
+    last = np.zeros(slots, np.int64)
+    first[ranks - lo], last[ranks - lo] = span["min"].to_numpy(np.int64), span["max"].to_numpy(np.int64)
+    table = np.zeros(slots * width, np.uint8)
+    if len(sampled):
+        sr, ss = sampled["rank"].to_numpy(np.int64), sampled["step"].to_numpy(np.int64)
+        inside = (sr >= lo) & (sr <= hi) & (ss >= s0) & (ss <= s1)
+        table[(sr[inside] - lo) * width + ss[inside] - s0] = 1
+    fine_cat = np.zeros(len(CATEGORIES), np.uint8)
+    fine_cat[[CAT[c] for c in _FINE_CATS]] = 1
+    rank, step = (np.ascontiguousarray(a, np.int64) for a in (ev.rank, ev.step))
+    cat = np.ascontiguousarray(ev.cat, np.int8)
+    keep_comm, keep_fine = np.empty(n, np.uint8), np.empty(n, np.uint8)
+    n_comm = fn(n, rank.ctypes.data, step.ctypes.data, cat.ctypes.data, lo, first.ctypes.data, last.ctypes.data,
+                CAT["comm"], fine_cat.ctypes.data, len(fine_cat), s0, width, table.ctypes.data,
+                keep_comm.ctypes.data, keep_fine.ctypes.data)
+    return (keep_comm.view(bool) if n_comm else None), keep_fine.view(bool)
 
 
 def _span(steps: pd.DataFrame) -> pd.DataFrame:
@@ -161,17 +205,18 @@ def _span(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def _comm_rows(chunk, rank: np.ndarray, step: np.ndarray, cat: np.ndarray, span: pd.DataFrame,
-               multi_host: bool) -> Optional[pa.Table]:
+               multi_host: bool, keep: Optional[np.ndarray] = None) -> Optional[pa.Table]:
     """The collectives of each rank's measured steps (``span``: per rank,
     its first and last measured step); several hosts: only the columns the
-    folds read."""
-    is_comm = cat == CAT["comm"]
-    if not is_comm.any() or span.empty:
-        return None
-    ranks = span.index.to_numpy(np.int64)
-    pos = np.clip(np.searchsorted(ranks, rank), 0, len(ranks) - 1)
-    keep = is_comm & (ranks[pos] == rank) & (step >= span["min"].to_numpy()[pos]) \
-        & (step <= span["max"].to_numpy()[pos])
+    folds read. ``keep``: their mask where :func:`_event_masks` made it."""
+    if keep is None:
+        is_comm = cat == CAT["comm"]
+        if not is_comm.any() or span.empty:
+            return None
+        ranks = span.index.to_numpy(np.int64)
+        pos = np.clip(np.searchsorted(ranks, rank), 0, len(ranks) - 1)
+        keep = is_comm & (ranks[pos] == rank) & (step >= span["min"].to_numpy()[pos]) \
+            & (step <= span["max"].to_numpy()[pos])
     if multi_host:      # the columns the folds read, before the rows are taken
         chunk = chunk.select([c for c in COMM_COLUMNS if c in chunk.column_names])
     comm = chunk.filter(pa_mask(keep))
@@ -221,14 +266,18 @@ def _phase_rows(chunk, ev: Events) -> Optional[pd.DataFrame]:
         name=lambda d: d["name"].astype(str), ms=lambda d: (d["t_end"] - d["t_start"]) / 1e6)
 
 
-def _fine_rows(chunk, ev: Events, steps: pd.DataFrame):
+def _fine_rows(chunk, ev: Events, steps: pd.DataFrame, sampled: Optional[pd.DataFrame] = None,
+               keep: Optional[np.ndarray] = None):
     """The events of the fine grain's sampled steps (Arrow) and those steps;
-    :class:`FineGrain` turns every chunk's into pandas rows at once."""
-    keep = (ev.cat == CAT["compute"]) | (ev.cat == CAT["comm"]) | (ev.cat == CAT["data"]) | \
-        (ev.cat == CAT["wait"])
-    sampled = buckets.sampled_steps(steps)
-    if keep.any():
-        keep &= buckets.in_steps(ev.rank, ev.step, sampled)
+    :class:`FineGrain` turns every chunk's into pandas rows at once.
+    ``sampled``, ``keep``: those steps and their events' mask where already
+    made (:func:`_event_masks`)."""
+    if sampled is None:
+        sampled = buckets.sampled_steps(steps)
+    if keep is None:
+        keep = np.isin(ev.cat, [CAT[c] for c in _FINE_CATS])
+        if keep.any():
+            keep &= buckets.in_steps(ev.rank, ev.step, sampled)
     if not keep.any():
         return None
     fe = chunk.filter(pa_mask(keep)).select(

@@ -231,3 +231,65 @@ def test_rank_time_lines_too_wide_for_a_key_fail_as_before():
         finally:
             os.environ.pop(native.ENV_SWITCH)
     assert msgs[0] == msgs[1] and "far from the rank's other events" in msgs[0]
+
+
+@needs_cc
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_the_sweeps_row_masks_equal_numpys(seed):
+    """The collectives of measured steps and the fine grain's events, by the
+    kernel's one pass and by numpy: ranks that measured nothing, steps
+    before and past a rank's span, unknown categories, sampled steps."""
+    import pandas as pd
+
+    from commprof.analyzers import buckets
+    from commprof.analyzers.run import _FINE_CATS, _event_masks
+    from commprof.trace.schema import CAT, CATEGORIES
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    lo = int(rng.integers(0, 50))
+    rank = rng.integers(lo, lo + 6, n)
+    step = rng.integers(-1, 30, n)
+    cat = rng.integers(-1, len(CATEGORIES), n).astype(np.int8)
+
+    class Ev:      # the three columns the masks read
+        pass
+
+    ev = Ev()
+    ev.rank, ev.step, ev.cat = rank, step, cat
+    measured = sorted(set(rng.choice(np.unique(rank), size=max(1, len(np.unique(rank)) - 1), replace=False)))
+    lo_s = rng.integers(0, 10, len(measured))
+    span = pd.DataFrame({"min": lo_s, "max": lo_s + rng.integers(0, 15, len(measured))},
+                        index=pd.Index(np.array(measured, np.int64), name="rank"))
+    sampled = pd.DataFrame({"rank": rng.choice(rank, 20), "step": rng.integers(0, 30, 20)}).drop_duplicates()
+    got = _event_masks(ev, span, sampled)
+    assert got is not None
+    is_comm = cat == CAT["comm"]
+    ranks = span.index.to_numpy(np.int64)
+    pos = np.clip(np.searchsorted(ranks, rank), 0, len(ranks) - 1)
+    comm = is_comm & (ranks[pos] == rank) & (step >= span["min"].to_numpy()[pos]) \
+        & (step <= span["max"].to_numpy()[pos])
+    fine = np.isin(cat, [CAT[c] for c in _FINE_CATS]) & buckets.in_steps(rank, step, sampled)
+    assert (got[0] is None) == (not is_comm.any())
+    if got[0] is not None:
+        assert np.array_equal(got[0], comm)
+    assert np.array_equal(got[1], fine)
+
+
+@needs_cc
+def test_a_ddp_traces_chunk_rows_are_the_same_with_either():
+    """The collectives and fine-grain rows a chunk gives the folds, with
+    the kernels and without: the same tables."""
+    import pyarrow as pa
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from synth import rank_table
+
+    from commprof.analyzers.run import sweep
+
+    table = pa.concat_tables([rank_table(r, 8, 300, 4) for r in range(8)])
+    fast, slow = both(sweep, table, 1, True)
+    assert fast.comm.num_rows > 1000 and fast.comm.equals(slow.comm)
+    assert fast.fine[0].equals(slow.fine[0]) and fast.fine[1].equals(slow.fine[1])
+    assert fast.span.equals(slow.span)
