@@ -125,9 +125,10 @@ class Events:
         n = data.num_rows
         blocking = (_np(data.column("blocking"), bool, fill=False) if "blocking" in data.column_names
                     else np.zeros(n, bool))
-        items = np.full(n, np.nan)
         if "items" in data.column_names and n and not pa.types.is_null(data.column("items").type):
             items = data.column("items").to_numpy(zero_copy_only=False).astype(np.float64)
+        else:
+            items = np.full(n, np.nan)
         rank = _np(data.column("rank"), np.int64)
         step = _np(data.column("step"), np.int64)
         cat = _codes(data.column("category"), CAT_CODES)

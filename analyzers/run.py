@@ -217,8 +217,9 @@ def _comm_rows(chunk, rank: np.ndarray, step: np.ndarray, cat: np.ndarray, span:
         pos = np.clip(np.searchsorted(ranks, rank), 0, len(ranks) - 1)
         keep = is_comm & (ranks[pos] == rank) & (step >= span["min"].to_numpy()[pos]) \
             & (step <= span["max"].to_numpy()[pos])
-    if multi_host:      # the columns the folds read, before the rows are taken
-        chunk = chunk.select([c for c in COMM_COLUMNS if c in chunk.column_names])
+    if multi_host:      # the columns the folds read, before the rows are taken (no device times: none)
+        chunk = chunk.select([c for c in COMM_COLUMNS if c in chunk.column_names and not (
+            c.startswith("dev_") and chunk.column(c).null_count == chunk.num_rows)])
     comm = chunk.filter(pa_mask(keep))
     if multi_host:
         comm = comm.select([c for c in comm.column_names if not (
