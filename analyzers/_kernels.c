@@ -8,6 +8,30 @@
  * by analyzers/native.py; the numpy paths are used where it cannot be. */
 #include <stdint.h>
 
+/* One boundary of the cover-pattern sweeps: interval of set f (0: a
+ * window) starts (start != 0) or ends; counts[f] open intervals per set,
+ * *row the window starts seen minus one, *pattern bit f-1 set while set f
+ * has an open interval. Returns -1 when f is out of range. */
+static int boundary(int64_t *counts, int64_t *row, int64_t *pattern, int f, int n_sets, int start)
+{
+    if (f < 0 || f > n_sets)
+        return -1;
+    if (start) {
+        counts[f]++;
+        if (f == 0)
+            (*row)++;
+    } else {
+        counts[f]--;
+    }
+    if (f > 0) {
+        if (counts[f] > 0)
+            *pattern |= (int64_t)1 << (f - 1);
+        else
+            *pattern &= ~((int64_t)1 << (f - 1));
+    }
+    return 0;
+}
+
 /* Boundaries in time order: order[i] < n is the start of interval order[i],
  * else the end of interval order[i] - n (a stable argsort of the starts then
  * the ends: at one instant starts come before ends). lab[j] is interval j's
@@ -25,29 +49,9 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
         return -1;
     const int64_t n_pat = (int64_t)1 << n_sets;
     for (int64_t i = 0; i < n2; i++) {
-        int64_t j = order[i], t;
-        int f;
-        if (j < n) {
-            t = starts[j];
-            f = lab[j];
-            if (f < 0 || f > n_sets)
-                return -1;
-            counts[f]++;
-            if (f == 0)
-                row++;
-        } else {
-            t = ends[j - n];
-            f = lab[j - n];
-            if (f < 0 || f > n_sets)
-                return -1;
-            counts[f]--;
-        }
-        if (f > 0) {
-            if (counts[f] > 0)
-                pattern |= (int64_t)1 << (f - 1);
-            else
-                pattern &= ~((int64_t)1 << (f - 1));
-        }
+        int64_t j = order[i], t = j < n ? starts[j] : ends[j - n];
+        if (boundary(counts, &row, &pattern, lab[j < n ? j : j - n], n_sets, j < n))
+            return -1;
         if (i + 1 < n2 && counts[0] > 0 && row >= 0 && row < n_win) {
             int64_t k = order[i + 1];
             int64_t t2 = k < n ? starts[k] : ends[k - n];
@@ -90,31 +94,11 @@ int commprof_pattern_weighted(const int64_t *starts, const int64_t *ends, const 
         }
     }
     while (a < n || b < n) {
-        int64_t t, j;
-        int f;
-        if (a < n && (b >= n || starts[order_s[a]] <= ends[order_e[b]])) {
-            j = order_s[a++];
-            t = starts[j];
-            f = lab[j];
-            if (f < 0 || f > n_sets)
-                return -1;
-            counts[f]++;
-            if (f == 0)
-                row++;
-        } else {
-            j = order_e[b++];
-            t = ends[j];
-            f = lab[j];
-            if (f < 0 || f > n_sets)
-                return -1;
-            counts[f]--;
-        }
-        if (f > 0) {
-            if (counts[f] > 0)
-                pattern |= (int64_t)1 << (f - 1);
-            else
-                pattern &= ~((int64_t)1 << (f - 1));
-        }
+        int start = a < n && (b >= n || starts[order_s[a]] <= ends[order_e[b]]);
+        int64_t j = start ? order_s[a++] : order_e[b++];
+        int64_t t = start ? starts[j] : ends[j];
+        if (boundary(counts, &row, &pattern, lab[j], n_sets, start))
+            return -1;
         if ((a < n || b < n) && counts[0] > 0 && row >= 0 && row < n_win) {
             int64_t t2;
             if (a < n && b < n) {

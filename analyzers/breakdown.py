@@ -191,6 +191,14 @@ def per_step(data) -> pd.DataFrame:
     return pd.DataFrame(cols, columns=STEP_COLUMNS)
 
 
+def rank_runs(rank: np.ndarray) -> Optional[np.ndarray]:
+    """Where each rank's run of rows starts, for rows ordered by rank (as
+    :func:`per_step` gives them); None where they are not."""
+    if not bool(np.all(rank[1:] >= rank[:-1])):
+        return None
+    return np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+
+
 def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
     """Steps kept for statistics: every rank's steps from index ``warmup``
     on. If a rank has no more steps than ``warmup``, all its steps are kept
@@ -198,8 +206,8 @@ def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
     if steps.empty:
         return steps
     rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
-    if bool(np.all(rank[1:] >= rank[:-1])):     # by rank, as per_step gives them: each rank's run at once
-        first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+    first = rank_runs(rank)
+    if first is not None:       # by rank, as per_step gives them: each rank's run at once
         short = np.repeat(np.maximum.reduceat(step, first) < warmup, np.diff(np.r_[first, len(rank)]))
         return steps[(step >= warmup) | short]
     keep = steps["step"] >= warmup

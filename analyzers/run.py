@@ -197,9 +197,9 @@ def _span(steps: pd.DataFrame) -> pd.DataFrame:
     (``steps.groupby("rank")["step"].agg(["min", "max"])``; by numpy where
     the steps come by rank, as per_step gives them)."""
     rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
-    if not bool(np.all(rank[1:] >= rank[:-1])):
+    first = breakdown.rank_runs(rank)
+    if first is None:
         return steps.groupby("rank")["step"].agg(["min", "max"])
-    first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
     return pd.DataFrame({"min": np.minimum.reduceat(step, first), "max": np.maximum.reduceat(step, first)},
                         index=pd.Index(rank[first], name="rank"))
 
