@@ -430,7 +430,8 @@ class CallSample:
 
     def add(self, comm: pa.Table) -> None:
         self.calls += comm.num_rows
-        comm = self._keep(comm)
+        # the columns read, then the rows kept (fewer columns filtered)
+        comm = self._keep(comm.select([x for x in comm.column_names if x in _ALIGN_COLUMNS or x.startswith("dev_")]))
         t = comm.select([x for x in _ALIGN_COLUMNS if x in comm.column_names])
         dev = device_times(comm)
         if dev is not None:
