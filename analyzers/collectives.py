@@ -92,6 +92,26 @@ def _codes(col):
     return codes, [str(v) for v in col.dictionary.to_pylist()]
 
 
+def call_times(comm) -> tuple:
+    """(op codes, ops, source codes, sources, issue, completion, latency
+    ns, bytes, group size) of an Arrow table of collective calls:
+    completion and latency on the device where measured, the issue the
+    host's call. Pure: taken where the chunk is swept."""
+    op_codes, ops = _codes(comm.column("name"))
+    src_codes, srcs = _codes(comm.column("source"))
+    t0 = _num(comm, "t_start", np.int64, 0)
+    t1 = _num(comm, "t_end", np.int64, 0)
+    dev = device_times(comm)
+    if dev is not None:
+        d0, d1, has = dev
+        lat_ns = np.where(has, d1 - d0, t1 - t0)
+        t1 = np.where(has, d1, t1)
+    else:
+        lat_ns = t1 - t0
+    return (op_codes, ops, src_codes, srcs, t0, t1, lat_ns, _num(comm, "bytes", np.float64, np.nan),
+            _num(comm, "group_size", np.float64, np.nan))
+
+
 def _num(table, name, dtype, fill):
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -469,34 +489,16 @@ class CollectiveStats:
         comm = _table(comm)
         self.add_instances_of(comm, offsets, self.add_calls_of(comm))
 
-    def _times(self, comm):
-        """(op codes, ops, source codes, sources, issue, completion, latency
-        ns, bytes, group size): completion and latency on the device where
-        measured, the issue the host's call."""
-        op_codes, ops = _codes(comm.column("name"))
-        src_codes, srcs = _codes(comm.column("source"))
-        t0 = _num(comm, "t_start", np.int64, 0)
-        t1 = _num(comm, "t_end", np.int64, 0)
-        dev = device_times(comm)
-        if dev is not None:
-            d0, d1, has = dev
-            lat_ns = np.where(has, d1 - d0, t1 - t0)
-            t1 = np.where(has, d1, t1)
-        else:
-            lat_ns = t1 - t0
-        return (op_codes, ops, src_codes, srcs, t0, t1, lat_ns, _num(comm, "bytes", np.float64, np.nan),
-                _num(comm, "group_size", np.float64, np.nan))
-
-    def add_calls_of(self, comm) -> Optional[tuple]:
+    def add_calls_of(self, comm, times: Optional[tuple] = None) -> Optional[tuple]:
         """Fold the per (op, source, size bucket) sketches of latency and
         bandwidth. Needs no clock offsets: a multi-host run folds them while
         the trace is read and the instances once the clocks are aligned.
-        Returns the rows' times (:meth:`_times`), for
-        :meth:`add_instances_of` of the same rows."""
+        ``times``: the rows' :func:`call_times` where already taken;
+        returns them, for :meth:`add_instances_of` of the same rows."""
         comm = _table(comm)
         if comm.num_rows == 0:
             return None
-        times = self._times(comm)
+        times = times or call_times(comm)
         op_codes, ops, src_codes, srcs, _t0, _t1, lat_ns, nbytes, gsize = times
         lat_s = lat_ns.astype(np.float64) / 1e9
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -522,7 +524,7 @@ class CollectiveStats:
         comm = _table(comm)
         if comm.num_rows == 0 or "seq" not in comm.column_names or "group" not in comm.column_names:
             return
-        op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = times or self._times(comm)
+        op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = times or call_times(comm)
         rank = _num(comm, "rank", np.int64, 0)
         off = _per_rank(rank, offsets) if offsets else np.zeros(1, np.int64)
         g_codes, groups = _codes(comm.column("group"))

@@ -1,0 +1,60 @@
+"""The collectives of each chunk are folded in a thread of their own
+(analyzers/run.py ``_Lane``) beside the sweeps: in the chunks' order, one
+at a time, an error raised where the reader is, and the same tables as
+folding them in the reader's thread."""
+import threading
+
+import pandas as pd
+import pytest
+
+from commprof.analyzers import run
+from commprof.trace import parquet, schema
+
+from tracegen import ddp_rank
+
+
+def test_a_lane_runs_in_order_on_a_thread_of_its_own():
+    seen = []
+    with run._Lane() as lane:
+        for k in range(20):
+            lane(lambda k=k: seen.append((k, threading.current_thread() is threading.main_thread())))
+    assert [k for k, _ in seen] == list(range(20)) and not any(main for _, main in seen)
+
+
+def test_an_error_in_the_lane_is_raised_to_the_reader():
+    def bad():
+        raise ValueError("fold failed")
+
+    with pytest.raises(ValueError, match="fold failed"):
+        with run._Lane() as lane:
+            lane(bad)
+    lane = run._Lane()
+    lane(bad)
+    with pytest.raises(ValueError, match="fold failed"):
+        lane(lambda: None)          # the next chunk's fold waits for this one, and meets its error
+    lane.pool.shutdown()
+
+
+def test_folding_in_the_lane_gives_the_same_tables(tmp_path, monkeypatch):
+    from commprof import api
+
+    p = str(tmp_path / "trace.parquet")
+    w = parquet.TraceWriter(p)              # one row group per rank: one chunk per rank at chunk_rows=1
+    for r in range(6):
+        w.write(schema.rows_to_table(ddp_rank(r, 6, 8, arrive_ms=0.3 * r), r))
+    metas = [{"rank": r, "world_size": 6, "host": "abc"[r // 2],
+              "clock": {"boot_id": "abc"[r // 2], "mono_ns_at_start": 0, "wall_ns_at_start": 0}} for r in range(6)]
+    w.close({"world_size": 6, "framework": "ddp"}, metas)
+
+    def tables(ra):
+        c = ra.colls
+        return [ra.steps, c.table(len(ra.steps), 6), c.instances(), c.rank_lateness(), ra.clocks, ra.nodes,
+                ra.scope, ra.links]
+
+    lane = tables(api.load(p).analysis(chunk_rows=1))
+    real = run._Accumulators.add
+    monkeypatch.setattr(run._Accumulators, "add", lambda self, chunk, rows, lane=None: real(self, chunk, rows))
+    here = tables(api.load(p).analysis(chunk_rows=1))
+    assert len(lane[2]) == 7 * 2 and len(lane[4]) == 3          # step 0 is the warm-up
+    for a, b in zip(lane, here):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
