@@ -81,14 +81,17 @@ class Trace:
     _analyses: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- reading -------------------------------------------------------------
-    def chunks(self, columns: Optional[Sequence[str]] = None, max_rows: int = CHUNK_ROWS):
-        """Arrow tables of whole ranks, filtered."""
+    def chunks(self, columns: Optional[Sequence[str]] = None, max_rows: int = CHUNK_ROWS,
+               skip_empty: bool = False):
+        """Arrow tables of whole ranks, filtered (``skip_empty``: columns
+        without a value may come as Arrow null-type columns, see
+        :func:`commprof.trace.parquet.iter_file_chunks`)."""
         read = None
         if columns is not None:
             read = list(columns) + [c for c in ("rank", "step", "category", "t_start", "t_end")
                                     if c not in columns]
         for table in (t for part in (self.parts or (self.path,))
-                      for t in _assemble.iter_chunks(part, read, max_rows)):
+                      for t in _assemble.iter_chunks(part, read, max_rows, skip_empty)):
             if self.flt.ranks is not None and table.num_rows:
                 r = set(pc.unique(table.column("rank")).to_pylist())
                 if not r & set(self.flt.ranks):
@@ -135,7 +138,7 @@ class Trace:
 
         with Bar(f"reading {os.path.basename(self.path.rstrip(os.sep))}", len(self.ranks) or None, "ranks") as bar:
             def chunks():
-                for table in self.chunks(REPORT_COLUMNS, chunk_rows):
+                for table in self.chunks(REPORT_COLUMNS, chunk_rows, skip_empty=True):
                     yield table
                     bar.advance(len(pc.unique(table.column("rank"))) if table.num_rows else 0)
 

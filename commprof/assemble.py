@@ -221,14 +221,16 @@ def open_run(path: str) -> Tuple[Dict[str, Any], List[Dict[str, Any]], str, str]
 
 
 def iter_chunks(path: str, columns: Optional[Sequence[str]] = None,
-                max_rows: int = 4_000_000) -> Iterator[pa.Table]:
+                max_rows: int = 4_000_000, skip_empty: bool = False) -> Iterator[pa.Table]:
     """The events of a run in chunks of whole ranks (about ``max_rows``
     rows each, never splitting a rank), conformed to the trace schema.
     A merged file is read row group by row group (each holds one rank);
-    a shard folder shard by shard."""
+    a shard folder shard by shard. ``skip_empty``: a merged file's
+    columns without a value in a chunk come as null-type columns
+    (:func:`commprof.trace.parquet.iter_file_chunks`)."""
     kind, where = resolve(path)
     if kind == "file":
-        yield from parquet.iter_file_chunks(where, columns, max_rows)
+        yield from parquet.iter_file_chunks(where, columns, max_rows, skip_empty)
         return
     pending: List[pa.Table] = []
     rows = 0

@@ -694,7 +694,7 @@ def _read_ahead(traces: Sequence[str]) -> None:
     except (OSError, ValueError):
         return
     if kind == "file":
-        parquet.read_ahead(where, schema.TRACE_SCHEMA.names, parquet.CHUNK_ROWS)
+        parquet.read_ahead(where, schema.TRACE_SCHEMA.names, parquet.CHUNK_ROWS, skip_empty=True)
 
 
 def cmd_report(args) -> int:

@@ -89,12 +89,15 @@ class TraceWriter:
             pass
 
 
-def conform(table, version: int):
+def conform(table, version: int, empty: Sequence[str] = ()):
     """Bring a table read from disk to TRACE_SCHEMA.
 
     Raises TraceFormatError naming the problem for unknown versions or
     missing required columns; optional columns missing in older files are
-    added as nulls (the pyinstrument ``from_json`` approach)."""
+    added as nulls (the pyinstrument ``from_json`` approach). ``empty``:
+    optional columns left unread because they hold no value (see
+    :func:`iter_file_chunks`), added as Arrow null-type columns, which
+    hold no buffers."""
     import pyarrow as pa
 
     schema.check_version(version)
@@ -102,10 +105,15 @@ def conform(table, version: int):
     if missing:
         raise TraceFormatError("missing required column(s): " + ", ".join(missing))
     target = schema.TRACE_SCHEMA
-    if table.schema.remove_metadata().equals(target):
+    if not empty and table.schema.remove_metadata().equals(target):
         return table
-    cols = []
+    cols, fields = [], []
     for field in target:
+        if field.name in empty and field.name not in table.column_names:
+            cols.append(pa.nulls(table.num_rows, type=pa.null()))
+            fields.append(pa.field(field.name, pa.null()))
+            continue
+        fields.append(field)
         if field.name in table.column_names:
             col = table.column(field.name)
             if col.type != field.type:
@@ -117,7 +125,7 @@ def conform(table, version: int):
             cols.append(col)
         else:
             cols.append(pa.nulls(table.num_rows, type=field.type))
-    return pa.Table.from_arrays(cols, schema=target)
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields) if empty else target)
 
 
 def first_line(exc: BaseException) -> str:
@@ -173,8 +181,9 @@ def read_file(path: str, columns: Optional[Sequence[str]] = None) -> Tuple[Any, 
     return _conformed(path, version, lambda: pf.read(columns=wanted)), run, ranks
 
 
-def _conformed(path: str, version: int, read):
-    """``read()`` conformed to the trace schema; errors name the file."""
+def _conformed(path: str, version: int, read, empty: Sequence[str] = ()):
+    """``read()`` conformed to the trace schema (``empty``: as
+    :func:`conform`); errors name the file."""
     import pyarrow as pa
 
     try:
@@ -182,7 +191,7 @@ def _conformed(path: str, version: int, read):
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
         raise TraceFormatError(f"{path}: truncated or corrupt Parquet ({first_line(exc)})") from exc
     try:
-        return conform(table, version)
+        return conform(table, version, empty)
     except TraceFormatError as exc:
         raise TraceFormatError(f"{path}: {exc}") from None
 
@@ -221,33 +230,61 @@ class _Ahead:
 _AHEAD: Dict[Tuple[str, Tuple[str, ...], int], _Ahead] = {}
 
 
-def _ahead_key(path: str, columns: Optional[Sequence[str]], max_rows: int):
-    return os.path.abspath(path), tuple(columns or ()), max_rows
+def _ahead_key(path: str, columns: Optional[Sequence[str]], max_rows: int, skip_empty: bool):
+    return os.path.abspath(path), tuple(columns or ()), max_rows, skip_empty
 
 
 def read_ahead(path: str, columns: Optional[Sequence[str]] = None, max_rows: int = CHUNK_ROWS,
-               chunks: int = AHEAD_CHUNKS) -> None:
+               chunks: int = AHEAD_CHUNKS, skip_empty: bool = False) -> None:
     """Start decoding the first ``chunks`` chunks of a trace file in the
     background (``commprof report``: while the analyzers are imported,
     ~0.3 s on one core); the next :func:`iter_file_chunks` of the same
     file, columns and chunk size starts with them. Nothing more is held:
     the chunks are read once, by whichever comes first."""
-    _AHEAD[_ahead_key(path, columns, max_rows)] = _Ahead(_iter_file_chunks(path, columns, max_rows), chunks)
+    _AHEAD[_ahead_key(path, columns, max_rows, skip_empty)] = _Ahead(
+        _iter_file_chunks(path, columns, max_rows, skip_empty), chunks)
 
 
 def iter_file_chunks(path: str, columns: Optional[Sequence[str]] = None,
-                     max_rows: int = 4_000_000) -> Iterator[Any]:
+                     max_rows: int = 4_000_000, skip_empty: bool = False) -> Iterator[Any]:
     """The events of a trace file in chunks of whole ranks (about
     ``max_rows`` rows each, never splitting a rank), conformed to the trace
     schema. Chunks are planned from the row-group statistics; each is read
     in one multi-threaded call, the next one in the background while the
     caller works on the current one (the first ones already read where
-    :func:`read_ahead` started them)."""
-    ahead = _AHEAD.pop(_ahead_key(path, columns, max_rows), None)
-    return ahead.rest() if ahead is not None else _iter_file_chunks(path, columns, max_rows)
+    :func:`read_ahead` started them).
+
+    ``skip_empty``: an optional column whose row-group statistics say it
+    holds no value in any of a chunk's row groups (device times of a CPU
+    run, metric values where nothing was sampled) is not decoded; it comes
+    as an Arrow null-type column (no buffers) instead of its own type, all
+    null as well. For readers that treat a column of nulls as absent (the
+    report: 10 M events, three such columns, ~0.25 s of CPU less,
+    benchmarks/results/report_speed/)."""
+    ahead = _AHEAD.pop(_ahead_key(path, columns, max_rows, skip_empty), None)
+    return ahead.rest() if ahead is not None else _iter_file_chunks(path, columns, max_rows, skip_empty)
 
 
-def _iter_file_chunks(path: str, columns: Optional[Sequence[str]], max_rows: int) -> Iterator[Any]:
+def _empty_columns(md, groups: Sequence[int], names: Sequence[str], cols: Sequence[str]) -> List[str]:
+    """The optional columns of ``cols`` with no value in any of the row
+    groups ``groups``, by the statistics (a column without them is read)."""
+    out = []
+    for c in cols:
+        if c in schema.REQUIRED_COLUMNS:
+            continue
+        i = names.index(c)
+        for g in groups:
+            rg = md.row_group(g)
+            st = rg.column(i).statistics
+            if st is None or not st.has_null_count or st.null_count != rg.num_rows:
+                break
+        else:
+            out.append(c)
+    return out
+
+
+def _iter_file_chunks(path: str, columns: Optional[Sequence[str]], max_rows: int,
+                      skip_empty: bool = False) -> Iterator[Any]:
     pf = _open(path)
     version, _run, _ranks = _meta(path, pf)
     names = pf.schema_arrow.names
@@ -269,7 +306,9 @@ def _iter_file_chunks(path: str, columns: Optional[Sequence[str]], max_rows: int
     plan = [p for p in plan if p]
 
     def read(groups):
-        t = _conformed(path, version, lambda: pf.read_row_groups(groups, columns=cols, use_threads=True))
+        empty = _empty_columns(md, groups, names, cols) if skip_empty and groups else []
+        some = [c for c in cols if c not in empty]
+        t = _conformed(path, version, lambda: pf.read_row_groups(groups, columns=some, use_threads=True), empty)
         return t.select([c for c in columns if c in t.column_names]) if columns else t
 
     from concurrent.futures import ThreadPoolExecutor

@@ -30,7 +30,7 @@ def test_the_reader_starts_with_the_chunks_read_ahead(tmp_path, ahead):
     plain = list(parquet.iter_file_chunks(p, cols, max_rows=1))
     assert len(plain) == 5
     parquet.read_ahead(p, cols, max_rows=1, chunks=ahead)
-    assert list(parquet._AHEAD) == [(os.path.abspath(p), tuple(cols), 1)]
+    assert list(parquet._AHEAD) == [(os.path.abspath(p), tuple(cols), 1, False)]
     got = list(parquet.iter_file_chunks(p, cols, max_rows=1))
     assert not parquet._AHEAD
     assert len(got) == len(plain) and all(a.equals(b) for a, b in zip(got, plain))
