@@ -816,42 +816,44 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
     t0 = time.perf_counter()
     cframe = acc.colls.aligned_frame()
     with ThreadPoolExecutor(max_workers=1) as pool:
-        # the per-scope and per-link tables read the calls, not their clock
-        # offsets: built beside the alignment and the folds on aligned
-        # clocks (a frame object of their own over the same arrays)
+        # beside the alignment, in the order they are needed: the fine
+        # grain's rows (on the ranks' own clocks); the per-scope and
+        # per-link tables, which read the calls, not their clock offsets (a
+        # frame object of their own over the same arrays); the steps'
+        # straggler tests, where their matrices are small (at 100 M events
+        # they would not fit beside the per-host table in 2 GiB: they stay
+        # in the report)
+        fine_rows = pool.submit(acc.fine.rows)
         mine = cframe.copy(deep=False) if several and cframe is not None else None
         side = pool.submit(lambda: (nodes.scope_table(mine, hosts), slowlinks.group_speeds(mine, hosts))
                            if several else (pd.DataFrame(), pd.DataFrame()))
-        # and the steps' straggler tests, where their matrices are small
-        # (at 100 M events they would not fit beside the per-host table in
-        # 2 GiB: they stay in the report)
-        # and the fine grain's rows, on the ranks' own clocks
-        fine_rows = pool.submit(acc.fine.rows)
         early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
-        # and what the breakdown table reads of the steps (where they are
-        # few enough, as the straggler tests: 100 M events peaked at 2,022
-        # MiB with them here, benchmarks/results/report_speed/)
-        figures = pool.submit(breakdown.step_figures, steps, batch_size) \
-            if not steps.empty and len(steps) <= SIDE_STEP_ROWS else None
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()
         colls = acc.colls.finish(offsets)
         fine_phases, fine_grads = acc.fine.finish(offsets, fine_rows.result())
-        scope, links = side.result()
-        if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
-            counts = acc.colls.calls.frame()
-            scope = nodes.with_counts(scope, counts, hosts, cframe)
-            links = slowlinks.with_counts(links, counts)
-        clock.since("collectives and fine grain folded" + ("; scope and link tables" if several else "")
-                    + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
+        clock.since("collectives and fine grain folded" + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
         meta = _run_meta(meta, rank_metas, steps, batch_size)
         t0 = time.perf_counter()
         per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
         _return_free_heap()
         clock.since("per-host table", t0)
+        # what the breakdown table reads of the steps, while the side tests
+        # them (where they are few enough, as the straggler tests: 100 M
+        # events peaked at 2,022 MiB with them beside the per-host table,
+        # benchmarks/results/report_speed/)
+        step_figures = breakdown.step_figures(steps, batch_size) \
+            if not steps.empty and len(steps) <= SIDE_STEP_ROWS else None
+        t0 = time.perf_counter()
+        scope, links = side.result()
+        if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
+            counts = acc.colls.calls.frame()
+            scope = nodes.with_counts(scope, counts, hosts, cframe)
+            links = slowlinks.with_counts(links, counts)
         step_stragglers = early.result() if early is not None else None
-        step_figures = figures.result() if figures is not None else None
+        clock.since(("scope and link tables, " if several else "") + "steps' straggler tests (built beside; waited for)",
+                    t0)
     return RunAnalysis(
         label=config_label(meta, group_by), meta=meta, world_size=int(meta.get("world_size") or 1),
         steps=steps, colls=colls, batch_size=batch_size, timeline=acc.timeline.finish(offsets),
