@@ -852,8 +852,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
             scope = nodes.with_counts(scope, counts, hosts, cframe)
             links = slowlinks.with_counts(links, counts)
         step_stragglers = early.result() if early is not None else None
-        clock.since(("scope and link tables, " if several else "") + "steps' straggler tests (built beside; waited for)",
-                    t0)
+        beside = "steps' straggler tests (built beside; waited for)"
+        clock.since(("scope and link tables, " if several else "") + beside, t0)
     return RunAnalysis(
         label=config_label(meta, group_by), meta=meta, world_size=int(meta.get("world_size") or 1),
         steps=steps, colls=colls, batch_size=batch_size, timeline=acc.timeline.finish(offsets),
