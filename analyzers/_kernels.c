@@ -287,3 +287,24 @@ int64_t commprof_event_masks(int64_t n, const int64_t *rank, const int64_t *step
     }
     return comm;
 }
+
+/* A stable argsort of keys that lie close to their sorted places (a chunk's
+ * events on the ranks' time lines: each a few rows from where its start or
+ * end sorts), by insertion: the order numpy's stable argsort gives. Returns
+ * the number of places moved, or -1 once that passes max_moves (the caller
+ * then sorts with numpy). */
+int64_t commprof_argsort_near(int64_t n, const int64_t *key, int64_t *order, int64_t max_moves)
+{
+    int64_t moves = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = key[i], j = i;
+        while (j > 0 && key[order[j - 1]] > k) {
+            order[j] = order[j - 1];
+            j--;
+            if (++moves > max_moves)
+                return -1;
+        }
+        order[j] = i;
+    }
+    return moves;
+}

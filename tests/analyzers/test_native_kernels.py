@@ -293,3 +293,26 @@ def test_a_ddp_traces_chunk_rows_are_the_same_with_either():
     assert fast.comm.num_rows > 1000 and fast.comm.equals(slow.comm)
     assert fast.fine[0].equals(slow.fine[0]) and fast.fine[1].equals(slow.fine[1])
     assert fast.span.equals(slow.span)
+
+
+@needs_cc
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 3000), spread=st.integers(0, 40), values=st.integers(1, 10**6), seed=st.integers(0, 2**31))
+def test_the_near_sort_is_numpys_stable_argsort(n, spread, values, seed):
+    """Keys a few places from their sorted ones (ties kept in row order) by
+    the kernel's insertion sort; keys far apart past NEAR_MOVES by numpy:
+    either way the order numpy's stable argsort gives."""
+    from commprof.analyzers.intervals import NEAR_MOVES, argsort_near
+
+    rng = np.random.default_rng(seed)
+    near = np.sort(rng.integers(0, values, n)) + rng.integers(0, spread + 1, n)
+    far = rng.integers(-values, values, n)
+    for keys in (near, far):
+        fast, slow = both(argsort_near, keys)
+        want = np.argsort(keys, kind="stable")
+        assert fast.dtype == np.int64 and np.array_equal(fast, want) and np.array_equal(slow, want)
+    if n > 100:                 # a reversed run moves each key past NEAR_MOVES places: numpy's sort
+        fn = native.kernel("commprof_argsort_near")
+        rev = np.ascontiguousarray(far[np.argsort(-far, kind="stable")], np.int64)
+        assert fn(n, rev.ctypes.data, np.empty(n, np.int64).ctypes.data, NEAR_MOVES * n) == -1
+        assert np.array_equal(argsort_near(rev), np.argsort(rev, kind="stable"))
