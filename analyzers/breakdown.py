@@ -179,16 +179,25 @@ def per_step(data) -> pd.DataFrame:
     step_pos = np.cumsum(is_step) - 1
     figures[step_pos[windows]] = per_window
     rank, t_end = ranks[ridx[is_step]], ev.t_end[is_step]
-    order = np.lexsort((t_end, rank))       # by rank, then end (stable): the columns taken in that order once
-    t_start = ev.t_start[is_step][order]
-    t_end = t_end[order]
-    figures = figures[order]
+    t_start, step, items = ev.t_start[is_step], ev.step[is_step], ev.items[is_step]
+    if not _by_rank_then_end(rank, t_end):  # by rank, then end (stable): the columns taken in that order once
+        order = np.lexsort((t_end, rank))
+        rank, step, t_start, t_end, items, figures = (a[order] for a in (rank, step, t_start, t_end, items, figures))
     cols = {
-        "rank": rank[order], "step": ev.step[is_step][order], "t_start": t_start, "t_end": t_end,
-        "step_time": (t_end - t_start).astype(np.float64), "items": ev.items[is_step][order],
+        "rank": rank, "step": step, "t_start": t_start, "t_end": t_end,
+        "step_time": (t_end - t_start).astype(np.float64), "items": items,
         **{name: figures[:, j] for j, name in enumerate(_FIGURES)},
     }
     return pd.DataFrame(cols, columns=STEP_COLUMNS)
+
+
+def _by_rank_then_end(rank: np.ndarray, t_end: np.ndarray) -> bool:
+    """Whether rows already run by rank, then end (a trace's steps as
+    recorded): the lexsort would keep them as they are."""
+    if len(rank) < 2:
+        return True
+    up = rank[1:] > rank[:-1]
+    return bool(np.all(up | (rank[1:] == rank[:-1]))) and bool(np.all(up | (t_end[1:] >= t_end[:-1])))
 
 
 def rank_runs(rank: np.ndarray) -> Optional[np.ndarray]:

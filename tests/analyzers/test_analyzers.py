@@ -209,3 +209,20 @@ def test_reversed_intervals_cover_nothing():
             ev(0, 0, "compute", "odd", 5, 2)]
     r = breakdown.per_step(pd.DataFrame(rows)).iloc[0]
     assert (r["compute"], r["other"], r["compute_busy"]) == (10, 0, 10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.lists(st.integers(1, 60), min_size=1, max_size=5), st.integers(0, 2**31))
+def test_per_step_rows_come_by_rank_then_end_whatever_the_input_order(n_ranks, widths, seed):
+    """Steps recorded in order skip the sort (breakdown._by_rank_then_end);
+    the same events in any order give the same frame, row for row."""
+    rows = []
+    bounds = np.cumsum([5] + widths)
+    for r in range(n_ranks):
+        for s in range(len(widths)):
+            rows.append(ev(r, s, "step", "step", int(bounds[s]) + r, int(bounds[s + 1]) + r))
+            rows.append(ev(r, s, "compute", "forward", int(bounds[s]) + r, int(bounds[s]) + r + 1))
+    ordered = breakdown.per_step(pd.DataFrame(rows))
+    shuffled = [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))]
+    assert list(ordered["rank"]) == sorted(ordered["rank"])
+    pd.testing.assert_frame_equal(breakdown.per_step(pd.DataFrame(shuffled)), ordered, check_exact=True)
