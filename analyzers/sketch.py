@@ -28,7 +28,9 @@ class Sketch:
 
     def add(self, values) -> None:
         v = np.asarray(values, dtype=np.float64)
-        v = v[np.isfinite(v)]
+        finite = np.isfinite(v)
+        if not finite.all():            # the usual input is all finite: no copy then
+            v = v[finite]
         if not len(v):
             return
         self.count += len(v)
@@ -49,12 +51,17 @@ class Sketch:
     def _fold(self, v: np.ndarray) -> None:
         hist = self._hist
         assert hist is not None
-        pos = v[v > 0]
+        above = v > 0
+        pos = v if above.all() else v[above]
         zero = len(v) - len(pos)
         if zero:
             hist[None] = hist.get(None, 0) + zero
         if len(pos):
-            b = np.floor(np.log(pos) / _LOG_BASE).astype(np.int64)
+            x = np.log(pos)                 # floor(log(v) / base), in one temporary
+            x /= _LOG_BASE
+            np.floor(x, out=x)
+            b = x.astype(np.int64)
+            del x
             lo, hi = int(b.min()), int(b.max())
             if hi - lo < (1 << 16):               # log bins: a small range, counted
                 counts = np.bincount(b - lo)
