@@ -164,12 +164,22 @@ def per_step(data) -> pd.DataFrame:
     together). ``data``: an Arrow table or DataFrame of trace rows.
     """
     ev = data if isinstance(data, Events) else Events.of(data)
-    if len(ev) == 0:
+    cols = step_arrays(ev)
+    if cols is None:
         return pd.DataFrame(columns=STEP_COLUMNS)
+    return pd.DataFrame(cols, columns=STEP_COLUMNS)
+
+
+def step_arrays(ev: Events) -> Optional[Dict[str, np.ndarray]]:
+    """:func:`per_step`'s columns as arrays, in ``STEP_COLUMNS`` order
+    (None: no step), for callers that build no frame of them
+    (analyzers/run.py's sweep)."""
+    if len(ev) == 0:
+        return None
     is_step = ev.cat == CAT["step"]
     n_steps = int(is_step.sum())
     if not n_steps:
-        return pd.DataFrame(columns=STEP_COLUMNS)
+        return None
     kstart, kend, ranks, ridx = _rank_keys(ev)
     label = _LABEL_OF_CAT[ev.cat]
     label[(ev.cat == CAT["comm"]) & ev.blocking] = _COMM_BLOCKING
@@ -188,7 +198,7 @@ def per_step(data) -> pd.DataFrame:
         "step_time": (t_end - t_start).astype(np.float64), "items": items,
         **{name: figures[:, j] for j, name in enumerate(_FIGURES)},
     }
-    return pd.DataFrame(cols, columns=STEP_COLUMNS)
+    return {c: cols[c] for c in STEP_COLUMNS}
 
 
 def _by_rank_then_end(rank: np.ndarray, t_end: np.ndarray) -> bool:
@@ -214,14 +224,20 @@ def measured(steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
     (better a noisy figure than none)."""
     if steps.empty:
         return steps
-    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
+    return steps[measured_mask(steps["rank"].to_numpy(), steps["step"].to_numpy(), warmup)]
+
+
+def measured_mask(rank: np.ndarray, step: np.ndarray, warmup: int) -> np.ndarray:
+    """:func:`measured`'s rows as a mask of the steps' rank and step."""
     first = rank_runs(rank)
     if first is not None:       # by rank, as per_step gives them: each rank's run at once
         short = np.repeat(np.maximum.reduceat(step, first) < warmup, np.diff(np.r_[first, len(rank)]))
-        return steps[(step >= warmup) | short]
-    keep = steps["step"] >= warmup
-    short = steps.groupby("rank")["step"].transform("max") < warmup
-    return steps[keep | short]
+    else:
+        ranks, inv = np.unique(rank, return_inverse=True)
+        top = np.full(len(ranks), np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(top, inv, step.astype(np.int64))
+        short = top[inv] < warmup
+    return (step >= warmup) | short
 
 
 def shares(steps: pd.DataFrame) -> dict:

@@ -50,13 +50,26 @@ def sampled_steps(steps: pd.DataFrame, max_steps: int = MAX_STEPS) -> pd.DataFra
     st = steps[["rank", "step", "t_start", "t_end"]].rename(columns={"t_start": "s0", "t_end": "s1"})
     if st.empty:
         return st
-    order = np.lexsort((st["step"].to_numpy(), st["rank"].to_numpy()))     # by rank, then step (stable)
-    rank = st["rank"].to_numpy()[order]
+    return st.iloc[_sampled_rows(st["rank"].to_numpy(), st["step"].to_numpy(), max_steps)]
+
+
+def _sampled_rows(rank: np.ndarray, step: np.ndarray, max_steps: int) -> np.ndarray:
+    """:func:`sampled_steps`'s rows (positions), by rank, then step."""
+    order = np.lexsort((step, rank))        # by rank, then step (stable)
+    rank = rank[order]
     first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
     n = np.diff(np.r_[first, len(rank)])                                   # steps per rank
     pos = np.arange(len(rank)) - np.repeat(first, n)
     stride = np.maximum(np.ceil(np.repeat(n, n) / max_steps).astype(np.int64), 1)
-    return st.iloc[order[pos % stride == 0]]
+    return order[pos % stride == 0]
+
+
+def sampled_of(steps: Dict[str, np.ndarray], max_steps: int = MAX_STEPS) -> pd.DataFrame:
+    """:func:`sampled_steps` of steps given as arrays (rank, step, t_start,
+    t_end), the same rows and columns (its own index)."""
+    rows = _sampled_rows(steps["rank"], steps["step"], max_steps) if len(steps["rank"]) else np.zeros(0, np.int64)
+    return pd.DataFrame({"rank": steps["rank"][rows], "step": steps["step"][rows],
+                         "s0": steps["t_start"][rows], "s1": steps["t_end"][rows]})
 
 
 def in_steps(rank: np.ndarray, step: np.ndarray, st: pd.DataFrame) -> np.ndarray:

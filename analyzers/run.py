@@ -109,7 +109,7 @@ def config_label(meta: dict, group_by: Optional[Sequence[str]] = None) -> str:
 @dataclass
 class ChunkRows:
     """What one chunk of whole ranks gives each analysis."""
-    steps: pd.DataFrame                         # measured steps, with t_start / t_end
+    steps: Optional[pd.DataFrame] = None        # measured steps, with t_start / t_end (or as ``compact``)
     comm: Optional[pa.Table] = None             # collectives of the measured steps
     kernels: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None   # (shares, GPU breakdown) per rank
     telemetry: Optional[pd.DataFrame] = None    # GPU metrics per rank
@@ -123,9 +123,14 @@ class ChunkRows:
     compact: Optional[Dict[str, np.ndarray]] = None
 
     def __post_init__(self):
-        if self.compact is None and not self.steps.empty:    # in the worker that swept the chunk
+        if self.compact is None and self.steps is not None and not self.steps.empty:   # in the sweeping worker
             self.compact = {c: self.steps[c].to_numpy().astype(_COMPACT[c]) for c in self.steps.columns
                             if c not in ("t_start", "t_end")}
+
+    @property
+    def empty(self) -> bool:
+        """No measured step."""
+        return self.compact is None or not len(self.compact["rank"])
 
     @property
     def compact_steps(self) -> pd.DataFrame:
@@ -141,16 +146,22 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     """The per-step breakdown of a chunk and the rows the other analyses
     read from it (pure; runs in a worker thread)."""
     ev = Events.of(chunk)
-    steps = breakdown.measured(breakdown.per_step(ev), warmup)
-    if steps.empty:
-        return ChunkRows(steps)
-    span = _span(steps)
-    sampled = buckets.sampled_steps(steps)
+    # breakdown.measured(breakdown.per_step(ev), warmup), as arrays: no frame of the steps
+    steps = breakdown.step_arrays(ev)
+    if steps is not None:
+        keep = breakdown.measured_mask(steps["rank"], steps["step"], warmup)
+        if not keep.all():
+            steps = {c: v[keep] for c, v in steps.items()}
+    if steps is None or not len(steps["rank"]):
+        return ChunkRows()
+    span = _span_of(steps["rank"], steps["step"])
+    sampled = buckets.sampled_of(steps)
     masks = _event_masks(ev, span, sampled)
     comm = _comm_rows(chunk, ev.rank, ev.step, ev.cat, span, multi_host, masks[0] if masks is not None else None)
-    return ChunkRows(steps, comm, _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
-                     _fine_rows(chunk, ev, steps, sampled, masks[1] if masks is not None else None), span,
-                     call_times(comm) if comm is not None and comm.num_rows else None)
+    return ChunkRows(None, comm, _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
+                     _fine_rows(chunk, ev, None, sampled, masks[1] if masks is not None else None), span,
+                     call_times(comm) if comm is not None and comm.num_rows else None,
+                     {c: v.astype(_COMPACT[c]) for c, v in steps.items() if c not in ("t_start", "t_end")})
 
 
 #: the categories the fine grain reads (analyzers/buckets.py)
@@ -194,14 +205,13 @@ def _event_masks(ev: Events, span: pd.DataFrame, sampled: pd.DataFrame):
     return (keep_comm.view(bool) if n_comm else None), keep_fine.view(bool)
 
 
-def _span(steps: pd.DataFrame) -> pd.DataFrame:
+def _span_of(rank: np.ndarray, step: np.ndarray) -> pd.DataFrame:
     """Per rank, its first and last measured step
     (``steps.groupby("rank")["step"].agg(["min", "max"])``; by numpy where
     the steps come by rank, as per_step gives them)."""
-    rank, step = steps["rank"].to_numpy(), steps["step"].to_numpy()
     first = breakdown.rank_runs(rank)
     if first is None:
-        return steps.groupby("rank")["step"].agg(["min", "max"])
+        return pd.DataFrame({"rank": rank, "step": step}).groupby("rank")["step"].agg(["min", "max"])
     return pd.DataFrame({"min": np.minimum.reduceat(step, first), "max": np.maximum.reduceat(step, first)},
                         index=pd.Index(rank[first], name="rank"))
 
@@ -269,7 +279,7 @@ def _phase_rows(chunk, ev: Events) -> Optional[pd.DataFrame]:
         name=lambda d: d["name"].astype(str), ms=lambda d: (d["t_end"] - d["t_start"]) / 1e6)
 
 
-def _fine_rows(chunk, ev: Events, steps: pd.DataFrame, sampled: Optional[pd.DataFrame] = None,
+def _fine_rows(chunk, ev: Events, steps: Optional[pd.DataFrame], sampled: Optional[pd.DataFrame] = None,
                keep: Optional[np.ndarray] = None):
     """The events of the fine grain's sampled steps (Arrow) and those steps;
     :class:`FineGrain` turns every chunk's into pandas rows at once.
@@ -682,7 +692,7 @@ def _read_and_sweep(chunks: Iterable, sweep_one: Callable[[Any], ChunkRows], acc
                 break
             chunk, fut = pending.popleft()
             rows = fut.result()
-            if not rows.steps.empty:
+            if not rows.empty:
                 acc.add(chunk, rows, lane)
             del chunk
     clock.since("read and per-chunk sweep (wall)", t0)

@@ -148,6 +148,10 @@ def test_the_sampled_steps_are_every_stride_th_of_each_rank_in_step_order(max_st
     assert list(got.columns) == ["rank", "step", "s0", "s1"]
     assert [tuple(int(v) for v in row) for row in got.itertuples(index=False)] == want
     assert bk.sampled_steps(steps.iloc[:0], max_steps).empty
+    # the sweep's: the same rows and columns from the steps as arrays
+    arrays = {c: steps[c].to_numpy() for c in steps.columns}
+    pd.testing.assert_frame_equal(bk.sampled_of(arrays, max_steps), got.reset_index(drop=True))
+    assert bk.sampled_of({c: v[:0] for c, v in arrays.items()}, max_steps).empty
 
 
 def test_measured_steps_and_their_span_by_rank_runs_as_by_groupby():
@@ -158,7 +162,7 @@ def test_measured_steps_and_their_span_by_rank_runs_as_by_groupby():
     import pandas as pd
 
     from commprof.analyzers import breakdown
-    from commprof.analyzers.run import _span
+    from commprof.analyzers.run import _span_of
 
     rng = np.random.default_rng(5)
     rows = [(r, s) for r in range(7) for s in range(int(rng.integers(1, 9)))]
@@ -170,4 +174,5 @@ def test_measured_steps_and_their_span_by_rank_runs_as_by_groupby():
             short = frame.groupby("rank")["step"].transform("max") < warmup
             pd.testing.assert_frame_equal(got, frame[keep | short])
             if len(got):
-                pd.testing.assert_frame_equal(_span(got), got.groupby("rank")["step"].agg(["min", "max"]))
+                pd.testing.assert_frame_equal(_span_of(got["rank"].to_numpy(), got["step"].to_numpy()),
+                                              got.groupby("rank")["step"].agg(["min", "max"]))
