@@ -148,10 +148,11 @@ def _instances(comm: pd.DataFrame, dom: Dict[int, tuple], code: Dict[tuple, int]
     if int(ok.sum()) > MAX_ALIGN_CALLS:      # a sample of whole instances: every stride-th sequence number
         stride = -(-int(ok.sum()) // MAX_ALIGN_CALLS)
         ok &= np.nan_to_num(seq.to_numpy(np.float64)) % stride == 0
-    grp, sq, dm = gcodes[ok], seq.to_numpy()[ok].astype(np.int64), dcode[ok]
-    t0 = comm["t_start"].to_numpy()[ok].astype(np.int64)
-    t1 = comm["t_end"].to_numpy()[ok].astype(np.int64)
-    blk = blocking[ok]
+    sel = slice(None) if ok.all() else ok       # every call, the usual sample: no copies of its columns
+    grp, sq, dm = gcodes[sel], seq.to_numpy()[sel].astype(np.int64, copy=False), dcode[sel]
+    t0 = comm["t_start"].to_numpy()[sel].astype(np.int64, copy=False)
+    t1 = comm["t_end"].to_numpy()[sel].astype(np.int64, copy=False)
+    blk = blocking[sel]
     cols = ["group", "seq", "dom", "min_start", "max_start", "min_end", "max_end", "med_end", "blocking"]
     if not len(grp):
         return pd.DataFrame(columns=cols)
@@ -185,13 +186,13 @@ def _reduce_instances(grp, sq, dm, t0, t1, blk, cols) -> pd.DataFrame:
     size = np.diff(np.concatenate([first, [len(key)]]))
     lo, hi = first + (size - 1) // 2, first + size // 2
     k = key[first]
-    out = pd.DataFrame({
+    out = {
         "group": k // n_dom // (int(sq0.max()) + 1), "seq": k // n_dom % (int(sq0.max()) + 1) + sq.min(),
         "dom": k % n_dom,
         "min_start": np.minimum.reduceat(t0, first), "max_start": np.maximum.reduceat(t0, first),
         "min_end": t1[first], "max_end": t1[first + size - 1], "med_end": (t1[lo].astype(np.float64) + t1[hi]) / 2,
-        "blocking": np.minimum.reduceat(blk.astype(np.uint8), first).astype(bool)})
-    return out[cols]
+        "blocking": np.minimum.reduceat(blk.astype(np.uint8), first).astype(bool)}
+    return pd.DataFrame({c: out[c] for c in cols}, copy=False)     # arrays of its own: not copied again
 
 
 def _estimates(pairs: pd.DataFrame, ref: int) -> Dict[int, tuple]:

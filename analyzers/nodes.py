@@ -53,11 +53,15 @@ def group_scope(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> Dict[str
             if n_hosts[i] > 0}
 
 
-def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataFrame:
-    """Per (op, scope): calls, bytes, median latency and busbw (nccl-tests factors)."""
+def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str],
+                scope: Optional[Dict[str, str]] = None) -> pd.DataFrame:
+    """Per (op, scope): calls, bytes, median latency and busbw (nccl-tests
+    factors). ``scope``: :func:`group_scope` of the same calls where the
+    caller has it."""
     if comm is None or comm.empty or "name" not in comm:
         return pd.DataFrame(columns=SCOPE_COLUMNS)
-    scope = group_scope(comm, hosts)
+    if scope is None:
+        scope = group_scope(comm, hosts)
     gcodes, gnames = _str_codes(comm["group"])
     codes = {"intra-node": 0, "inter-node": 1}
     scope_of = np.array([codes.get(scope.get(g) or "", -1) for g in gnames], np.int64)
@@ -74,8 +78,11 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataF
     order = sorted(((onames[k // 2], ("intra-node", "inter-node")[k % 2]), k) for k in int_codes(key[keep])[0])
     for (op, sc_name), k in order:
         sel = keep & (key == k)
+        calls = int(sel.sum())
+        if calls == len(sel):   # one (op, scope), the usual sample: no copies of its columns
+            sel = slice(None)
         bus = algbw[sel] * bus_factor(op, gsize[sel])
-        rows.append({"op": op, "scope": sc_name, "calls": int(sel.sum()),
+        rows.append({"op": op, "scope": sc_name, "calls": calls,
                      "bytes_per_call": float(np.nanmean(nbytes[sel])) if np.isfinite(nbytes[sel]).any() else np.nan,
                      "lat_ms_p50": float(np.median(lat[sel] * 1e3)),
                      "busbw_GBps": float(np.nanmedian(bus)) if np.isfinite(bus).any() else np.nan})
@@ -83,13 +90,14 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.DataF
 
 
 def with_counts(scope: pd.DataFrame, counts: pd.DataFrame, hosts: Dict[int, str],
-                comm: Optional[pd.DataFrame]) -> pd.DataFrame:
+                comm: Optional[pd.DataFrame], scopes: Optional[Dict[str, str]] = None) -> pd.DataFrame:
     """The scope table with its calls and bytes per call from exact counts
     per (op, group) (``counts``), where its medians come from a sample of
-    the calls (``comm``)."""
+    the calls (``comm``; ``scopes``: its :func:`group_scope` where the
+    caller has it)."""
     if scope.empty or counts.empty:
         return scope
-    sc = group_scope(comm, hosts)
+    sc = scopes if scopes is not None else group_scope(comm, hosts)
     c = counts.assign(scope=counts["group"].map(sc))
     per = c.groupby(["op", "scope"])[["calls", "bytes_sum", "bytes_n"]].sum()
     out = scope.copy()
@@ -103,7 +111,8 @@ def with_counts(scope: pd.DataFrame, counts: pd.DataFrame, hosts: Dict[int, str]
 
 
 def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
-             comm: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+             comm: Optional[pd.DataFrame] = None, scope: Optional[Dict[str, str]] = None) -> pd.DataFrame:
+    """``scope``: :func:`group_scope` of ``comm`` where the caller has it."""
     if steps.empty or len(set(hosts.values())) <= 1:
         return pd.DataFrame(columns=HOST_COLUMNS)
     names = sorted(set(hosts.values()) | {"?"})
@@ -122,7 +131,7 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     work_tot = total(work_ns)
     late = lateness.assign(host=lateness["rank"].map(lambda r: hosts.get(int(r), "?"))) \
         if len(lateness) else pd.DataFrame(columns=["host", "lateness_ms", "last_pct"])
-    busbw = _host_busbw(comm, hosts)
+    busbw = _host_busbw(comm, hosts, scope)
     # a host's ranks at one step averaged by sign_tests (stragglers.wide)
     tests = sign_tests(wide_of(hc, steps["step"].to_numpy(), work_ns)).set_index("unit")
     del work_ns
@@ -146,12 +155,13 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     return pd.DataFrame(rows, columns=HOST_COLUMNS)
 
 
-def _host_busbw(comm, hosts) -> Dict[str, float]:
+def _host_busbw(comm, hosts, scope: Optional[Dict[str, str]] = None) -> Dict[str, float]:
     """Per host: the median busbw of its ranks' inter-node all_reduce calls
     (one pass over the calls: host and group as integer codes)."""
     if comm is None or comm.empty:
         return {}
-    scope = group_scope(comm, hosts)
+    if scope is None:
+        scope = group_scope(comm, hosts)
     gcodes, gnames = _str_codes(comm["group"])
     inter = np.array([scope.get(g) == "inter-node" for g in gnames], bool)
     ncodes, nnames = _str_codes(comm["name"])

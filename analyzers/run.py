@@ -835,7 +835,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # in the report)
         fine_rows = pool.submit(acc.fine.rows)
         mine = cframe.copy(deep=False) if several and cframe is not None else None
-        side = pool.submit(lambda: (nodes.scope_table(mine, hosts), slowlinks.group_speeds(mine, hosts))
+        scopes = nodes.group_scope(cframe, hosts) if several else {}    # each group's scope, found once
+        side = pool.submit(lambda: (nodes.scope_table(mine, hosts, scopes), slowlinks.group_speeds(mine, hosts))
                            if several else (pd.DataFrame(), pd.DataFrame()))
         early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
         offsets, clock_table = clocks.align(cframe, rank_metas)
@@ -846,7 +847,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         clock.since("collectives and fine grain folded" + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
         meta = _run_meta(meta, rank_metas, steps, batch_size)
         t0 = time.perf_counter()
-        per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe)
+        per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe, scopes if several else None)
         _return_free_heap()
         clock.since("per-host table", t0)
         # what the breakdown table reads of the steps, while the side tests
@@ -859,7 +860,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         scope, links = side.result()
         if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
             counts = acc.colls.calls.frame()
-            scope = nodes.with_counts(scope, counts, hosts, cframe)
+            scope = nodes.with_counts(scope, counts, hosts, cframe, scopes)
             links = slowlinks.with_counts(links, counts)
         step_stragglers = early.result() if early is not None else None
         beside = "steps' straggler tests (built beside; waited for)"
