@@ -679,27 +679,39 @@ def _select(report, args):
     return replace(report, tables=tables)
 
 
-def _read_ahead(traces: Sequence[str]) -> None:
+def _read_ahead(traces: Sequence[str]) -> Optional[tuple]:
     """A single trace file: its first chunks decoded (Arrow's threads)
     while the analyzers are imported (pandas: ~0.3 s on one core), as the
-    report will read them (trace.parquet.read_ahead). Anything odd is left
-    to the report to say."""
+    report will read them (trace.parquet.read_ahead); returns what
+    ``parquet.drop_ahead`` takes. Anything odd is left to the report to
+    say."""
     if len(traces) != 1:
-        return
+        return None
     from .assemble import resolve
     from .trace import parquet, schema
 
     try:
         kind, where = resolve(traces[0])
     except (OSError, ValueError):
-        return
-    if kind == "file":
-        parquet.read_ahead(where, schema.TRACE_SCHEMA.names, parquet.CHUNK_ROWS, skip_empty=True)
+        return None
+    if kind != "file":
+        return None
+    return parquet.read_ahead(where, schema.TRACE_SCHEMA.names, parquet.CHUNK_ROWS, skip_empty=True)
 
 
 def cmd_report(args) -> int:
     _arrow_pool()
-    _read_ahead(args.traces)
+    ahead = _read_ahead(args.traces)
+    try:
+        return _report(args)
+    finally:        # a report that ended before reading (a bad argument or file) leaves nothing read ahead
+        if ahead is not None:
+            from .trace import parquet
+
+            parquet.drop_ahead(ahead)
+
+
+def _report(args) -> int:
     from . import render
     from .api import compare
     from .trace.files import atomic_write

@@ -235,14 +235,23 @@ def _ahead_key(path: str, columns: Optional[Sequence[str]], max_rows: int, skip_
 
 
 def read_ahead(path: str, columns: Optional[Sequence[str]] = None, max_rows: int = CHUNK_ROWS,
-               chunks: int = AHEAD_CHUNKS, skip_empty: bool = False) -> None:
+               chunks: int = AHEAD_CHUNKS, skip_empty: bool = False) -> tuple:
     """Start decoding the first ``chunks`` chunks of a trace file in the
     background (``commprof report``: while the analyzers are imported,
     ~0.3 s on one core); the next :func:`iter_file_chunks` of the same
     file, columns and chunk size starts with them. Nothing more is held:
-    the chunks are read once, by whichever comes first."""
-    _AHEAD[_ahead_key(path, columns, max_rows, skip_empty)] = _Ahead(
-        _iter_file_chunks(path, columns, max_rows, skip_empty), chunks)
+    the chunks are read once, by whichever comes first. Returns the key
+    :func:`drop_ahead` takes."""
+    key = _ahead_key(path, columns, max_rows, skip_empty)
+    _AHEAD[key] = _Ahead(_iter_file_chunks(path, columns, max_rows, skip_empty), chunks)
+    return key
+
+
+def drop_ahead(key: tuple) -> None:
+    """Forget what :func:`read_ahead` (which returned ``key``) started and
+    no reader took: a caller that ended before reading (its thread ends
+    once its chunks are read; they are then freed)."""
+    _AHEAD.pop(key, None)
 
 
 def iter_file_chunks(path: str, columns: Optional[Sequence[str]] = None,

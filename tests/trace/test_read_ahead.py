@@ -29,10 +29,10 @@ def test_the_reader_starts_with_the_chunks_read_ahead(tmp_path, ahead):
     cols = ["rank", "step", "t_start"]
     plain = list(parquet.iter_file_chunks(p, cols, max_rows=1))
     assert len(plain) == 5
-    parquet.read_ahead(p, cols, max_rows=1, chunks=ahead)
-    assert list(parquet._AHEAD) == [(os.path.abspath(p), tuple(cols), 1, False)]
+    key = parquet.read_ahead(p, cols, max_rows=1, chunks=ahead)
+    assert key == (os.path.abspath(p), tuple(cols), 1, False) and key in parquet._AHEAD
     got = list(parquet.iter_file_chunks(p, cols, max_rows=1))
-    assert not parquet._AHEAD
+    assert key not in parquet._AHEAD
     assert len(got) == len(plain) and all(a.equals(b) for a, b in zip(got, plain))
 
 
@@ -74,3 +74,16 @@ def test_commprof_report_reads_its_trace_once(tmp_path, monkeypatch):
     assert main(["report", path, "--format", "json", "-o", str(out)]) == 0
     assert len(started) == 1 and len(calls) == 1 and calls[0][0] == path and not parquet._AHEAD
     assert out.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("content", [b"", b"PAR1 not a parquet file"])
+def test_a_report_that_fails_leaves_nothing_read_ahead(tmp_path, content):
+    """A trace the report cannot read: the one-line error, exit 2, and the
+    chunks read ahead for it forgotten (a process that goes on holds none)."""
+    from commprof.cli import main
+
+    bad = tmp_path / "trace.parquet"
+    bad.write_bytes(content)
+    before = set(parquet._AHEAD)
+    assert main(["report", str(bad), "--format", "json", "-o", str(tmp_path / "r.json")]) == 2
+    assert set(parquet._AHEAD) == before and not (tmp_path / "r.json").exists()
