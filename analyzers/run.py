@@ -109,7 +109,9 @@ def config_label(meta: dict, group_by: Optional[Sequence[str]] = None) -> str:
 @dataclass
 class ChunkRows:
     """What one chunk of whole ranks gives each analysis."""
-    steps: Optional[pd.DataFrame] = None        # measured steps, with t_start / t_end (or as ``compact``)
+    #: measured steps without times, compact types: a column at a time
+    #: (arrays of their own, no frame built); None: no measured step
+    compact: Optional[Dict[str, np.ndarray]] = None
     comm: Optional[pa.Table] = None             # collectives of the measured steps
     kernels: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None   # (shares, GPU breakdown) per rank
     telemetry: Optional[pd.DataFrame] = None    # GPU metrics per rank
@@ -117,15 +119,6 @@ class ChunkRows:
     fine: Optional[Tuple[pa.Table, pd.DataFrame]] = None      # (events, steps) of the sampled steps
     span: Optional[pd.DataFrame] = None         # per rank: first and last measured step
     comm_times: Optional[tuple] = None          # the collectives' codes and times (collectives.call_times)
-
-    #: measured steps without times, compact types: a column at a time
-    #: (arrays of their own, no frame built)
-    compact: Optional[Dict[str, np.ndarray]] = None
-
-    def __post_init__(self):
-        if self.compact is None and self.steps is not None and not self.steps.empty:   # in the sweeping worker
-            self.compact = {c: self.steps[c].to_numpy().astype(_COMPACT[c]) for c in self.steps.columns
-                            if c not in ("t_start", "t_end")}
 
     @property
     def empty(self) -> bool:
@@ -158,10 +151,10 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     sampled = buckets.sampled_of(steps)
     masks = _event_masks(ev, span, sampled)
     comm = _comm_rows(chunk, ev.rank, ev.step, ev.cat, span, multi_host, masks[0] if masks is not None else None)
-    return ChunkRows(None, comm, _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
-                     _fine_rows(chunk, ev, None, sampled, masks[1] if masks is not None else None), span,
-                     call_times(comm) if comm is not None and comm.num_rows else None,
-                     {c: v.astype(_COMPACT[c]) for c, v in steps.items() if c not in ("t_start", "t_end")})
+    return ChunkRows({c: v.astype(_COMPACT[c]) for c, v in steps.items() if c not in ("t_start", "t_end")},
+                     comm, _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
+                     _fine_rows(chunk, ev, sampled, masks[1] if masks is not None else None), span,
+                     call_times(comm) if comm is not None and comm.num_rows else None)
 
 
 #: the categories the fine grain reads (analyzers/buckets.py)
@@ -279,14 +272,11 @@ def _phase_rows(chunk, ev: Events) -> Optional[pd.DataFrame]:
         name=lambda d: d["name"].astype(str), ms=lambda d: (d["t_end"] - d["t_start"]) / 1e6)
 
 
-def _fine_rows(chunk, ev: Events, steps: Optional[pd.DataFrame], sampled: Optional[pd.DataFrame] = None,
-               keep: Optional[np.ndarray] = None):
-    """The events of the fine grain's sampled steps (Arrow) and those steps;
-    :class:`FineGrain` turns every chunk's into pandas rows at once.
-    ``sampled``, ``keep``: those steps and their events' mask where already
-    made (:func:`_event_masks`)."""
-    if sampled is None:
-        sampled = buckets.sampled_steps(steps)
+def _fine_rows(chunk, ev: Events, sampled: pd.DataFrame, keep: Optional[np.ndarray] = None):
+    """The events of the fine grain's sampled steps (``sampled``: Arrow)
+    and those steps; :class:`FineGrain` turns every chunk's into pandas
+    rows at once. ``keep``: their events' mask where already made
+    (:func:`_event_masks`)."""
     if keep is None:
         keep = np.isin(ev.cat, [CAT[c] for c in _FINE_CATS])
         if keep.any():
