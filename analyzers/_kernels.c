@@ -70,8 +70,11 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
  * partial sum is exact (below 2^53 ns, 104 days a window) in any order.
  * The boundaries come as two stable argsorts, of the starts (order_s) and
  * of the ends (order_e), merged here starts first at one instant: the
- * order of commprof_pattern_sweep's, two sorts half the size. Returns 0,
- * or -1 when a label or a weight is out of range. */
+ * order of commprof_pattern_sweep's, two sorts half the size. An interval
+ * whose label is not 0..n_sets, or that does not end after it starts, is
+ * passed over (both its boundaries: the state they would change stays, so
+ * every segment adds up as without them), as pattern_table ignores it.
+ * Returns 0, or -1 when a weight is out of range. */
 int commprof_pattern_weighted(const int64_t *starts, const int64_t *ends, const int8_t *lab, int64_t n,
                               const int64_t *order_s, const int64_t *order_e, int n_sets, const double *weights,
                               int m, double *out, int64_t n_win)
@@ -97,8 +100,8 @@ int commprof_pattern_weighted(const int64_t *starts, const int64_t *ends, const 
         int start = a < n && (b >= n || starts[order_s[a]] <= ends[order_e[b]]);
         int64_t j = start ? order_s[a++] : order_e[b++];
         int64_t t = start ? starts[j] : ends[j];
-        if (boundary(counts, &row, &pattern, lab[j], n_sets, start))
-            return -1;
+        if (lab[j] >= 0 && lab[j] <= n_sets && ends[j] > starts[j])
+            boundary(counts, &row, &pattern, lab[j], n_sets, start);
         if ((a < n || b < n) && counts[0] > 0 && row >= 0 && row < n_win) {
             int64_t t2;
             if (a < n && b < n) {

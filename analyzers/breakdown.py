@@ -176,8 +176,8 @@ def step_arrays(ev: Events) -> Optional[Dict[str, np.ndarray]]:
     (analyzers/run.py's sweep)."""
     if len(ev) == 0:
         return None
-    is_step = ev.cat == CAT["step"]
-    n_steps = int(is_step.sum())
+    at = np.flatnonzero(ev.cat == CAT["step"])     # the steps' rows (taken by index: fewer than a tenth)
+    n_steps = len(at)
     if not n_steps:
         return None
     kstart, kend, ranks, ridx = _rank_keys(ev)
@@ -185,11 +185,13 @@ def step_arrays(ev: Events) -> Optional[Dict[str, np.ndarray]]:
     label[(ev.cat == CAT["comm"]) & ev.blocking] = _COMM_BLOCKING
     per_window, windows = pattern_table(kstart, kend, label, 5, _WEIGHTS)
     del kstart, kend
-    figures = np.zeros((n_steps, len(_FIGURES)))
-    step_pos = np.cumsum(is_step) - 1
-    figures[step_pos[windows]] = per_window
-    rank, t_end = ranks[ridx[is_step]], ev.t_end[is_step]
-    t_start, step, items = ev.t_start[is_step], ev.step[is_step], ev.items[is_step]
+    if len(windows) == n_steps and bool(np.all(windows == at)):
+        figures = per_window        # every step a window, in row order (a trace's steps as recorded)
+    else:
+        figures = np.zeros((n_steps, len(_FIGURES)))
+        figures[np.searchsorted(at, windows)] = per_window
+    rank, t_end = ranks[ridx[at]], ev.t_end[at]
+    t_start, step, items = ev.t_start[at], ev.step[at], ev.items[at]
     if not _by_rank_then_end(rank, t_end):  # by rank, then end (stable): the columns taken in that order once
         order = np.lexsort((t_end, rank))
         rank, step, t_start, t_end, items, figures = (a[order] for a in (rank, step, t_start, t_end, items, figures))

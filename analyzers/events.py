@@ -44,15 +44,41 @@ def _np(col, dtype, fill=0):
 
 def _codes(col, mapping) -> np.ndarray:
     """Dictionary/string column -> int codes given a {value: code} mapping
-    (unknown values and nulls -> -1)."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if not pa.types.is_dictionary(col.type):
-        col = col.dictionary_encode()
-    dictionary = col.dictionary.to_pylist()
-    lut = np.array([mapping.get(v, -1) for v in dictionary] + [-1], dtype=np.int8)
-    idx = _np(col.indices, np.int64, fill=len(dictionary))
-    return lut[idx]
+    (unknown values and nulls -> -1). Chunk by chunk, each through its own
+    dictionary (no dictionaries unified, no indices copied to int64)."""
+    parts = []
+    for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
+        if not pa.types.is_dictionary(c.type):
+            c = c.dictionary_encode()
+        dictionary = c.dictionary.to_pylist()
+        lut = np.array([mapping.get(v, -1) for v in dictionary] + [-1], dtype=np.int8)
+        idx = c.indices
+        if idx.null_count:
+            idx = pc.fill_null(idx, len(dictionary))
+        parts.append(lut.take(idx.to_numpy(zero_copy_only=False)))
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int8)
+
+
+def _bools(col) -> np.ndarray:
+    """A bool column as numpy, null as False: unpacked from its value and
+    validity bits chunk by chunk (no null filled in, no chunks combined
+    first)."""
+    parts = []
+    for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
+        if not pa.types.is_boolean(c.type):
+            parts.append(_np(c, bool, fill=False))
+            continue
+        validity, data = c.buffers()[:2]
+        span = c.offset + len(c)
+        v = np.unpackbits(np.frombuffer(data, np.uint8), count=span, bitorder="little")[c.offset:]
+        if validity is not None and c.null_count:
+            v &= np.unpackbits(np.frombuffer(validity, np.uint8), count=span, bitorder="little")[c.offset:]
+        parts.append(v.view(bool))
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, bool)
 
 
 def device_times(data) -> Optional[tuple]:
@@ -123,7 +149,7 @@ class Events:
             df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
             data = pa.Table.from_pandas(df, preserve_index=False)
         n = data.num_rows
-        blocking = (_np(data.column("blocking"), bool, fill=False) if "blocking" in data.column_names
+        blocking = (_bools(data.column("blocking")) if "blocking" in data.column_names
                     else np.zeros(n, bool))
         if "items" in data.column_names and n and not pa.types.is_null(data.column("items").type):
             items = data.column("items").to_numpy(zero_copy_only=False).astype(np.float64)

@@ -1,0 +1,55 @@
+"""Events' column readers (analyzers/events.py) against Arrow's own
+conversions, on the shapes a trace's chunks come in: several chunks (row
+groups), slices that start inside a byte of bits, nulls, and dictionaries
+that differ from chunk to chunk."""
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commprof.analyzers.events import _bools, _codes
+
+bools = st.lists(st.sampled_from([True, False, None]), max_size=40)
+
+
+def _chunked(parts, offsets, typ=None, encode=False):
+    """A chunked array of each list in ``parts``, every chunk a slice of a
+    longer array that starts ``offsets[i]`` values in (``encode``: each
+    dictionary-encoded before it is sliced, with a dictionary of its own)."""
+    chunks = []
+    for values, off in zip(parts, offsets):
+        pad = [values[0] if values else None] * off
+        whole = pa.array(pad + values, typ)
+        chunks.append((whole.dictionary_encode() if encode else whole).slice(off))
+    return pa.chunked_array(chunks, pa.dictionary(pa.int32(), typ) if encode else typ)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(bools, min_size=1, max_size=4), st.lists(st.integers(0, 13), min_size=4, max_size=4))
+def test_bools_are_arrows_with_null_as_false(parts, offsets):
+    col = _chunked(parts, offsets, pa.bool_())
+    want = pc.fill_null(col, False).to_numpy(zero_copy_only=False).astype(bool)
+    got = _bools(col)
+    assert got.dtype == bool and np.array_equal(got, want)
+    for chunk in col.chunks:        # one array, not chunked
+        assert np.array_equal(_bools(chunk), pc.fill_null(chunk, False).to_numpy(zero_copy_only=False))
+
+
+def test_bools_of_a_column_with_no_value_or_no_chunk():
+    assert _bools(pa.chunked_array([pa.nulls(5)])).tolist() == [False] * 5
+    assert _bools(pa.chunked_array([], pa.bool_())).tolist() == []
+
+
+names = st.lists(st.sampled_from(["step", "comm", "data", "odd", None]), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(names, min_size=1, max_size=4), st.lists(st.integers(0, 9), min_size=4, max_size=4),
+       st.booleans())
+def test_codes_read_each_chunks_own_dictionary(parts, offsets, encoded):
+    mapping = {"step": 0, "comm": 3, "data": 1}
+    col = _chunked(parts, offsets, pa.string(), encode=encoded)
+    want = [mapping.get(v, -1) if v is not None else -1 for v in col.to_pylist()]
+    got = _codes(col, mapping)
+    assert got.dtype == np.int8 and got.tolist() == want
