@@ -807,8 +807,18 @@ class CollectiveStats:
 
     def rank_lateness(self) -> pd.DataFrame:
         """Per rank: mean lateness (ms) of its arrival behind the earliest
-        rank, and the fraction of instances it arrived last."""
+        rank, and the fraction of instances it arrived last (computed once
+        for the instances as they stand: the per-host table and the
+        straggler tests both read it; each caller gets a copy)."""
         inst = self._inst
+        held = getattr(self, "_lateness", None)
+        if held is not None and held[0] is inst:
+            return held[1].copy()
+        out = self._rank_lateness(inst)
+        self._lateness = (inst, out)
+        return out.copy()
+
+    def _rank_lateness(self, inst: Optional[pd.DataFrame]) -> pd.DataFrame:
         if inst is None or not self._rank_sums:
             return pd.DataFrame(columns=["rank", "lateness_ms", "last_pct", "instances"])
         multi = inst[inst["n"] > 1]

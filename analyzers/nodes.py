@@ -169,8 +169,8 @@ def _host_busbw(comm, hosts, scope: Optional[Dict[str, str]] = None) -> Dict[str
     sel = inter[gcodes] & is_ar[ncodes]
     if not sel.any():
         return {}
-    def col(name):
-        return comm[name].to_numpy(np.float64)[sel]
+    def col(name):      # the calls taken, then converted (the same values)
+        return comm[name].to_numpy()[sel].astype(np.float64)
 
     lat = (col("t_end") - col("t_start")) / 1e9
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -183,10 +183,11 @@ def _host_busbw(comm, hosts, scope: Optional[Dict[str, str]] = None) -> Dict[str
     order = np.argsort(hc.astype(small), kind="stable")         # per host, each median by partition
     hc, bw = hc[order], bw[order]
     out = {}
-    for code in np.unique(hc):
-        lo, hi = np.searchsorted(hc, code), np.searchsorted(hc, code, side="right")
-        if names[int(code)] != "?" or "?" in hosts.values():
-            out[names[int(code)]] = float(np.median(bw[lo:hi]))
+    first = np.flatnonzero(np.r_[True, hc[1:] != hc[:-1]]) if len(hc) else np.zeros(0, np.int64)
+    for lo, hi in zip(first.tolist(), np.r_[first[1:], len(hc)].tolist()):     # each host's run of calls
+        code = int(hc[lo])
+        if names[code] != "?" or "?" in hosts.values():
+            out[names[code]] = float(np.median(bw[lo:hi]))
     return out
 
 

@@ -84,19 +84,29 @@ def wide_of(unit: np.ndarray, step: np.ndarray, v: np.ndarray):
 
 def cells(unit: np.ndarray, step: np.ndarray):
     """(units, number of steps, each row's cell of the steps x units
-    matrix, the rows per cell): shared by the metrics of one set of rows."""
+    matrix, the rows per cell): shared by the metrics of one set of rows.
+    The rows per cell are None where every cell holds exactly one row
+    (every rank measured every step once, the usual run)."""
     units, ui = int_codes(unit)
     steps, si = int_codes(step)
     cell = si.astype(np.intp) * len(units)       # bincount's index type: no copy per metric
     del si
     cell += ui
-    cnt = np.bincount(cell, minlength=len(steps) * len(units)).astype(np.float64)
-    return units, len(steps), cell, cnt
+    cnt = np.bincount(cell, minlength=len(steps) * len(units))
+    if len(cell) == len(cnt) and (not len(cnt) or cnt.min() == 1):
+        return units, len(steps), cell, None
+    return units, len(steps), cell, cnt.astype(np.float64)
 
 
 def wide_at(where, v: np.ndarray):
     """:func:`wide` of the values ``v`` of rows placed by :func:`cells`."""
     units, n_steps, cell, cnt = where
+    if cnt is None:     # one row a cell: each value placed (0.0 + v, as the sum of one value would be)
+        flat = np.empty(len(cell))
+        flat[cell] = v
+        flat += 0.0
+        placed = flat.reshape(n_steps, len(units))
+        return units, placed[~np.isnan(placed).any(axis=1)]
     tot = np.bincount(cell, weights=v, minlength=len(cnt)).reshape(n_steps, -1)
     with np.errstate(invalid="ignore", divide="ignore"):
         m = tot / cnt.reshape(n_steps, -1)

@@ -187,3 +187,24 @@ def test_a_chunk_of_one_hosts_ranks_takes_its_arrivals_from_the_instances(monkey
     assert len(calls) == reduced_again
     st.align(offsets)
     same(st, aligned(chunks_of(f, sizes), offsets))
+
+
+def test_rank_lateness_is_computed_once_and_again_once_more_calls_come():
+    """The per-host table and the straggler tests both read the lateness:
+    the second read is the first one's figures (a copy: changing it changes
+    nothing held), and calls folded after it are in the next."""
+    f, _host, _offsets = draw(5, miss=0.0)
+    chunks = chunks_of(f, [4, 5])
+    st = CollectiveStats()
+    st.add(chunks[0])
+    first = st.rank_lateness()
+    again = st.rank_lateness()
+    pd.testing.assert_frame_equal(first, again)
+    again["lateness_ms"] = -1.0
+    pd.testing.assert_frame_equal(st.rank_lateness(), first)
+    st.add(chunks[1])
+    both = CollectiveStats()
+    for c in chunks:
+        both.add(c)
+    pd.testing.assert_frame_equal(st.rank_lateness(), both.rank_lateness())
+    assert len(first) and not st.rank_lateness().equals(first)
