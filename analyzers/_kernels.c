@@ -311,3 +311,123 @@ int64_t commprof_argsort_near(int64_t n, const int64_t *key, int64_t *order, int
     }
     return moves;
 }
+
+/* The breakdown's sweep of a chunk whose events come in runs of one rank
+ * (analyzers/breakdown.py, step_arrays), every run on its own: the labels
+ * from the categories (label_of_cat, a category outside [0, n_lut) taking
+ * entry n_lut; a collective, cat == comm_code, that blocks takes
+ * blocking_label), each run's starts and ends sorted apart by insertion
+ * (stable, as commprof_argsort_near) into the scratch order_s / order_e,
+ * then commprof_pattern_weighted's merge and figures. The same windows and
+ * figures as _rank_keys, then pattern_table over the whole chunk: a rank's
+ * keys are its own times shifted by one constant, its run's keys all lie
+ * below the next rank's, and every interval of a run has ended before the
+ * next run's first boundary (intervals that do not end after they start
+ * are passed over), so the chunk's sweep is its runs' sweeps one after
+ * the other. Runs [run_lo[r], run_hi[r]) in the order given (ranks
+ * ascending). Writes each window's figures (out[w * m ..], zeroed by the
+ * caller) and its row (win_rows[w]); returns the number of windows, or -1
+ * when a run's times are too far from sorted (past max_moves moves per
+ * key), a window would pass max_win, a weight is not 0 or 1, or a run's
+ * times span max_span ns or more (they would not fit _rank_keys' keys,
+ * which then says why): the caller then takes the general path. */
+int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t *run_hi, const int8_t *cat,
+                            const uint8_t *blocking, const int64_t *ts, const int64_t *te, const int8_t *label_of_cat,
+                            int n_lut, int comm_code, int blocking_label, int n_sets, const double *weights, int m,
+                            int64_t *order_s, int64_t *order_e, int8_t *lab, double *out, int64_t *win_rows,
+                            int64_t max_win, int64_t max_moves, int64_t max_span)
+{
+    if (n_sets < 0 || n_sets > 12 || m < 0 || m > 32)
+        return -1;
+    const int64_t n_pat = (int64_t)1 << n_sets;
+    uint32_t cols[1 << 12];
+    for (int64_t p = 0; p < n_pat; p++) {
+        cols[p] = 0;
+        for (int j = 0; j < m; j++) {
+            double w = weights[p * m + j];
+            if (w == 1.0)
+                cols[p] |= (uint32_t)1 << j;
+            else if (w != 0.0)
+                return -1;
+        }
+    }
+    int64_t row = -1;
+    for (int64_t r = 0; r < n_runs; r++) {
+        int64_t lo = run_lo[r], n = run_hi[r] - lo;
+        if (n <= 0)
+            continue;
+        const int64_t *s = ts + lo, *e = te + lo;
+        int8_t *lb = lab + lo;
+        int64_t moves_s = 0, moves_e = 0, budget = max_moves * n;
+        int64_t first = s[0] < e[0] ? s[0] : e[0], last = s[0] < e[0] ? e[0] : s[0];
+        for (int64_t i = 0; i < n; i++) {
+            if (s[i] < first)
+                first = s[i];
+            if (e[i] < first)
+                first = e[i];
+            if (s[i] > last)
+                last = s[i];
+            if (e[i] > last)
+                last = e[i];
+        }
+        if ((uint64_t)last - (uint64_t)first >= (uint64_t)max_span)
+            return -1;
+        for (int64_t i = 0; i < n; i++) {
+            int c = cat[lo + i];
+            int f = c >= 0 && c < n_lut ? label_of_cat[c] : label_of_cat[n_lut];
+            if (c == comm_code && blocking[lo + i])
+                f = blocking_label;
+            lb[i] = (int8_t)(f >= 0 && f <= n_sets && e[i] > s[i] ? f : -1);
+            int64_t k = s[i], j = i;
+            while (j > 0 && s[order_s[j - 1]] > k) {
+                order_s[j] = order_s[j - 1];
+                j--;
+                if (++moves_s > budget)
+                    return -1;
+            }
+            order_s[j] = i;
+            k = e[i];
+            j = i;
+            while (j > 0 && e[order_e[j - 1]] > k) {
+                order_e[j] = order_e[j - 1];
+                j--;
+                if (++moves_e > budget)
+                    return -1;
+            }
+            order_e[j] = i;
+        }
+        int64_t counts[64] = {0};
+        int64_t pattern = 0, a = 0, b = 0;
+        while (a < n || b < n) {
+            int start = a < n && (b >= n || s[order_s[a]] <= e[order_e[b]]);
+            int64_t j = start ? order_s[a++] : order_e[b++];
+            int64_t t = start ? s[j] : e[j];
+            if (lb[j] >= 0) {
+                if (start && lb[j] == 0) {
+                    if (row + 1 >= max_win)
+                        return -1;
+                    win_rows[row + 1] = lo + j;
+                }
+                boundary(counts, &row, &pattern, lb[j], n_sets, start);
+            }
+            if ((a < n || b < n) && counts[0] > 0 && row >= 0) {
+                int64_t t2;
+                if (a < n && b < n) {
+                    int64_t x = s[order_s[a]], y = e[order_e[b]];
+                    t2 = x <= y ? x : y;
+                } else {
+                    t2 = a < n ? s[order_s[a]] : e[order_e[b]];
+                }
+                if (t2 != t) {
+                    double len = (double)(t2 - t);
+                    double *o = out + row * m;
+                    uint32_t cb = cols[pattern];
+                    for (int col = 0; cb; col++, cb >>= 1)
+                        if (cb & 1)
+                            o[col] += len;
+                }
+            }
+        }
+    }
+    return row + 1;
+}

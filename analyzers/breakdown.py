@@ -102,6 +102,44 @@ def _rank_keys_compiled(ev: Events, lo: int, hi: int):
     return kstart, kend, ranks, ridx
 
 
+def _step_sweep_compiled(ev: Events, n_steps: int):
+    """(figures per window, windows) as :func:`_rank_keys` then
+    :func:`~.intervals.pattern_table` give them, by the compiled kernel in
+    one call where the events come in runs of one rank, ranks ascending (a
+    chunk of a merged trace): each run swept on its own, no keys, labels or
+    orders of the whole chunk built (analyzers/_kernels.c,
+    commprof_step_sweep). None where the kernel is not available or gives
+    up (times far from sorted, or too wide for the keys): the general path
+    then runs, and says why where it fails."""
+    from . import native
+    from .intervals import NEAR_MOVES
+
+    fn = native.kernel("commprof_step_sweep")
+    if fn is None:
+        return None
+    first = rank_runs(ev.rank)
+    if first is None:
+        return None
+    lo = np.ascontiguousarray(first, np.int64)
+    hi = np.ascontiguousarray(np.r_[first[1:], len(ev.rank)], np.int64)
+    cat = np.ascontiguousarray(ev.cat, np.int8)
+    blocking = np.ascontiguousarray(ev.blocking, np.bool_).view(np.uint8)
+    ts, te = (np.ascontiguousarray(a, np.int64) for a in (ev.t_start, ev.t_end))
+    longest = int((hi - lo).max())
+    order_s, order_e = np.empty(longest, np.int64), np.empty(longest, np.int64)
+    lab = np.empty(len(cat), np.int8)
+    out = np.zeros((n_steps, _WEIGHTS.shape[1]))
+    windows = np.empty(n_steps, np.int64)
+    max_span = 1 << (62 - max(len(lo), 1).bit_length())
+    got = fn(len(lo), lo.ctypes.data, hi.ctypes.data, cat.ctypes.data, blocking.ctypes.data, ts.ctypes.data,
+             te.ctypes.data, _LABEL_OF_CAT.ctypes.data, len(CATEGORIES_ALL), CAT["comm"], _COMM_BLOCKING, 5,
+             _WEIGHTS_C.ctypes.data, _WEIGHTS.shape[1], order_s.ctypes.data, order_e.ctypes.data, lab.ctypes.data,
+             out.ctypes.data, windows.ctypes.data, n_steps, NEAR_MOVES, max_span)
+    if got < 0:
+        return None
+    return (out, windows) if got == n_steps else (out[:got], windows[:got])
+
+
 def _span_error(ev: Events, ranks, ridx, local_start, local_end):
     """A one-line error naming the rank and the event whose timestamps are
     out of range (times must be ns on one monotonic clock)."""
@@ -152,6 +190,7 @@ def _pattern_weights() -> np.ndarray:
 
 
 _WEIGHTS = _pattern_weights()
+_WEIGHTS_C = np.ascontiguousarray(_WEIGHTS)
 _FIGURES = ["data", "comm", "compute", "other", "comm_busy", "data_busy", "compute_busy", "overlap"]
 
 
@@ -180,17 +219,20 @@ def step_arrays(ev: Events) -> Optional[Dict[str, np.ndarray]]:
     n_steps = len(at)
     if not n_steps:
         return None
-    kstart, kend, ranks, ridx = _rank_keys(ev)
-    label = _LABEL_OF_CAT[ev.cat]
-    label[(ev.cat == CAT["comm"]) & ev.blocking] = _COMM_BLOCKING
-    per_window, windows = pattern_table(kstart, kend, label, 5, _WEIGHTS)
-    del kstart, kend
+    swept = _step_sweep_compiled(ev, n_steps)
+    if swept is None:
+        kstart, kend, _ranks, _ridx = _rank_keys(ev)
+        label = _LABEL_OF_CAT[ev.cat]
+        label[(ev.cat == CAT["comm"]) & ev.blocking] = _COMM_BLOCKING
+        swept = pattern_table(kstart, kend, label, 5, _WEIGHTS)
+        del kstart, kend, _ridx
+    per_window, windows = swept
     if len(windows) == n_steps and bool(np.all(windows == at)):
         figures = per_window        # every step a window, in row order (a trace's steps as recorded)
     else:
         figures = np.zeros((n_steps, len(_FIGURES)))
         figures[np.searchsorted(at, windows)] = per_window
-    rank, t_end = ranks[ridx[at]], ev.t_end[at]
+    rank, t_end = ev.rank[at].astype(np.int64, copy=False), ev.t_end[at]
     t_start, step, items = ev.t_start[at], ev.step[at], ev.items[at]
     if not _by_rank_then_end(rank, t_end):  # by rank, then end (stable): the columns taken in that order once
         order = np.lexsort((t_end, rank))

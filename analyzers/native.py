@@ -96,6 +96,9 @@ SIGNATURES = {
                             ctypes.c_int64),
     "commprof_rank_keys": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int, _P, _P], None),
     "commprof_argsort_near": ([ctypes.c_int64, _P, _P, ctypes.c_int64], ctypes.c_int64),
+    "commprof_step_sweep": ([ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, _P, ctypes.c_int, _P, _P, _P, _P, _P, ctypes.c_int64, ctypes.c_int64,
+                             ctypes.c_int64], ctypes.c_int64),
 }
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -316,3 +318,98 @@ def test_the_near_sort_is_numpys_stable_argsort(n, spread, values, seed):
         rev = np.ascontiguousarray(far[np.argsort(-far, kind="stable")], np.int64)
         assert fn(n, rev.ctypes.data, np.empty(n, np.int64).ctypes.data, NEAR_MOVES * n) == -1
         assert np.array_equal(argsort_near(rev), np.argsort(rev, kind="stable"))
+
+
+def _grouped_events(seed, n_ranks, steps, extra, jitter):
+    """Events of ``n_ranks`` ranks, each rank's rows together (ranks
+    ascending, as a chunk of a merged trace holds them): steps end to end
+    (some empty or reversed), members of every category (unknown ones too)
+    with blocking flags, empty and reversed intervals, ties on window
+    bounds; each rank's rows in time order moved up to ``jitter`` rows."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    cats = ["step", "data", "compute", "comm", "wait", "kernel", "metric"]
+    rows = []
+    for r in range(n_ranks):
+        mine, t = [], int(rng.integers(0, 10**12))
+        for s in range(steps):
+            width = int(rng.choice([0, -5, 40, 1000, 3000])) if rng.random() < 0.1 else int(rng.integers(50, 3000))
+            mine.append((r, s, "step", t, t + width, None))
+            for _ in range(extra):
+                c = cats[int(rng.integers(1, len(cats)))]
+                a = t + int(rng.integers(-200, max(width, 1) + 200))
+                b = a + int(rng.choice([0, -7, int(rng.integers(1, 2000))]))
+                if rng.random() < 0.1:
+                    a, b = t, t + width        # on the window's bounds
+                mine.append((r, s, c, a, b, bool(rng.random() < 0.5) if c == "comm" else None))
+            t += max(width, 0) + int(rng.integers(0, 50))
+        mine.sort(key=lambda x: x[3])
+        for i in range(len(mine) - 1):       # moved a little out of time order
+            if rng.random() < jitter:
+                j = min(len(mine) - 1, i + int(rng.integers(1, 4)))
+                mine[i], mine[j] = mine[j], mine[i]
+        rows += mine
+    return pa.table({"rank": np.array([x[0] for x in rows], np.int32),
+                     "step": np.array([x[1] for x in rows], np.int64),
+                     "category": pa.array([x[2] for x in rows]).dictionary_encode(),
+                     "t_start": np.array([x[3] for x in rows], np.int64),
+                     "t_end": np.array([x[4] for x in rows], np.int64),
+                     "blocking": pa.array([x[5] for x in rows], pa.bool_())})
+
+
+@needs_cc
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 5), st.integers(1, 6), st.integers(0, 12),
+       st.sampled_from([0.0, 0.3, 1.0]))
+def test_the_fused_step_sweep_equals_keys_then_pattern_table(seed, n_ranks, steps, extra, jitter):
+    """A chunk whose ranks come in runs, swept run by run in one call
+    (commprof_step_sweep), against the whole chunk's keys then the weighted
+    pattern table, and the per-step frame against numpy's: the same windows
+    and figures bit for bit."""
+    from commprof.analyzers import breakdown
+    from commprof.analyzers.events import Events
+    from commprof.trace.schema import CAT
+
+    ev = Events.of(_grouped_events(seed, n_ranks, steps, extra, jitter))
+    n_steps = int((ev.cat == CAT["step"]).sum())
+    fused = breakdown._step_sweep_compiled(ev, n_steps)
+    assert fused is not None        # a few rows out of place: the insertion sorts take them
+    ks, ke, _ranks, _ridx = breakdown._rank_keys(ev)
+    label = breakdown._LABEL_OF_CAT[ev.cat]
+    label[(ev.cat == CAT["comm"]) & ev.blocking] = breakdown._COMM_BLOCKING
+    table, windows = pattern_table(ks, ke, label, 5, breakdown._WEIGHTS)
+    assert np.array_equal(fused[1], windows)
+    assert fused[0].shape == table.shape and fused[0].tobytes() == table.tobytes()
+    fast, slow = both(breakdown.per_step, ev)
+    pd.testing.assert_frame_equal(fast, slow, check_exact=True)
+
+
+@needs_cc
+def test_the_fused_step_sweep_gives_way_where_it_cannot_sweep():
+    """Ranks not in runs, times far from sorted, times too wide for the keys:
+    the fused sweep declines and the general path answers (the error of a
+    trace whose times are not on one clock included)."""
+    from commprof.analyzers import breakdown
+    from commprof.analyzers.events import Events
+    from commprof.trace.schema import CAT, TraceFormatError
+
+    table = _grouped_events(7, 3, 4, 6, 0.0)
+    ev = Events.of(table)
+    n_steps = int((ev.cat == CAT["step"]).sum())
+    assert breakdown._step_sweep_compiled(ev, n_steps) is not None
+    mixed = Events.of(table.take(np.r_[np.arange(1, table.num_rows), 0]))      # rank 0's first row last
+    assert breakdown._step_sweep_compiled(mixed, n_steps) is None
+    backwards = Events.of(table.take(np.arange(table.num_rows)[::-1].copy()).sort_by("rank"))
+    assert breakdown._step_sweep_compiled(backwards, n_steps) is None
+    fast, slow = both(breakdown.per_step, backwards)
+    pd.testing.assert_frame_equal(fast, slow, check_exact=True)
+    n = 40
+    t = np.arange(n, dtype=np.int64)
+    t[19] = 1 << 61
+    wide = Events.of(pa.table({"rank": np.arange(n, dtype=np.int32) // 20, "step": np.zeros(n, np.int64),
+                               "category": pa.array(["step"] + ["compute"] * (n - 1)).dictionary_encode(),
+                               "t_start": t, "t_end": t + 1}))
+    assert breakdown._step_sweep_compiled(wide, 1) is None
+    with pytest.raises(TraceFormatError, match="far from the rank's other events"):
+        breakdown.per_step(wide)
