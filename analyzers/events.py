@@ -42,6 +42,49 @@ def _np(col, dtype, fill=0):
     return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
+def _chunks_of(col) -> list:
+    return col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+
+
+def _ints(col, dtype) -> np.ndarray:
+    """:func:`_np` of an integer column with no null: each chunk cast
+    straight into one array (no chunks combined first)."""
+    chunks = _chunks_of(col)
+    if len(chunks) < 2 or col.null_count or not all(pa.types.is_integer(c.type) for c in chunks):
+        return _np(col, dtype)
+    out = np.empty(len(col), dtype)
+    pos = 0
+    for c in chunks:
+        out[pos:pos + len(c)] = c.to_numpy()
+        pos += len(c)
+    return out
+
+
+def _floats(col) -> np.ndarray:
+    """A numeric column as float64, a null as NaN (as Arrow converts it):
+    each chunk's values cast straight into one array, its nulls marked
+    from its validity bits."""
+    out = np.empty(len(col), np.float64)
+    pos = 0
+    for c in _chunks_of(col):
+        m = len(c)
+        if m == 0:
+            continue
+        part = out[pos:pos + m]
+        if pa.types.is_null(c.type):
+            part[:] = np.nan
+        elif pa.types.is_integer(c.type) or pa.types.is_floating(c.type):
+            validity, data = c.buffers()[:2]
+            part[:] = np.frombuffer(data, c.type.to_pandas_dtype(), count=c.offset + m)[c.offset:]
+            if c.null_count:
+                valid = np.unpackbits(np.frombuffer(validity, np.uint8), count=c.offset + m, bitorder="little")
+                part[valid[c.offset:] == 0] = np.nan
+        else:
+            part[:] = c.to_numpy(zero_copy_only=False).astype(np.float64)
+        pos += m
+    return out
+
+
 def _codes(col, mapping) -> np.ndarray:
     """Dictionary/string column -> int codes given a {value: code} mapping
     (unknown values and nulls -> -1). Chunk by chunk, each through its own
@@ -152,11 +195,11 @@ class Events:
         blocking = (_bools(data.column("blocking")) if "blocking" in data.column_names
                     else np.zeros(n, bool))
         if "items" in data.column_names and n and not pa.types.is_null(data.column("items").type):
-            items = data.column("items").to_numpy(zero_copy_only=False).astype(np.float64)
+            items = _floats(data.column("items"))
         else:
             items = np.full(n, np.nan)
-        rank = _np(data.column("rank"), np.int64)
-        step = _np(data.column("step"), np.int64)
+        rank = _ints(data.column("rank"), np.int64)
+        step = _ints(data.column("step"), np.int64)
         cat = _codes(data.column("category"), CAT_CODES)
         t_start = _np(data.column("t_start"), np.int64)
         t_end = _np(data.column("t_end"), np.int64)

@@ -144,7 +144,8 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     if steps is not None:
         keep = breakdown.measured_mask(steps["rank"], steps["step"], warmup)
         if not keep.all():
-            steps = {c: v[keep] for c, v in steps.items()}
+            at = np.flatnonzero(keep)       # taken by index: one pass over the mask, not one a column
+            steps = {c: v[at] for c, v in steps.items()}
     if steps is None or not len(steps["rank"]):
         return ChunkRows()
     span = _span_of(steps["rank"], steps["step"])

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commprof.analyzers.events import _bools, _codes
+from commprof.analyzers.events import _bools, _codes, _floats, _ints
 
 bools = st.lists(st.sampled_from([True, False, None]), max_size=40)
 
@@ -53,3 +53,27 @@ def test_codes_read_each_chunks_own_dictionary(parts, offsets, encoded):
     want = [mapping.get(v, -1) if v is not None else -1 for v in col.to_pylist()]
     got = _codes(col, mapping)
     assert got.dtype == np.int8 and got.tolist() == want
+
+
+numbers = st.lists(st.one_of(st.none(), st.integers(-2**40, 2**40)), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(numbers, min_size=1, max_size=4), st.lists(st.integers(0, 11), min_size=4, max_size=4),
+       st.sampled_from([pa.int64(), pa.int32(), pa.float64(), pa.float32()]))
+def test_floats_are_arrows_with_null_as_nan(parts, offsets, typ):
+    if not pa.types.is_int64(typ):      # values each type holds exactly
+        parts = [[None if v is None else v % 2**20 for v in p] for p in parts]
+    col = _chunked(parts, offsets, typ)
+    want = col.to_numpy(zero_copy_only=False).astype(np.float64)
+    got = _floats(col)
+    assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(-2**31, 2**31 - 1), max_size=20), min_size=1, max_size=4),
+       st.lists(st.integers(0, 11), min_size=4, max_size=4))
+def test_ints_are_arrows_cast(parts, offsets):
+    col = _chunked(parts, offsets, pa.int32())
+    got = _ints(col, np.int64)
+    assert got.dtype == np.int64 and got.tolist() == [v for p in parts for v in p]
