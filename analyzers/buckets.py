@@ -153,7 +153,7 @@ def shifted(phases: pd.DataFrame, grads: pd.DataFrame, offsets: Dict[int, int]):
     return ph, gr
 
 
-def _complete(grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
+def complete_instances(grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
     """Only (step, k) seen on every rank, and steps whose bucket count is the
     usual one (the same model every step)."""
     if grads.empty:
@@ -179,15 +179,17 @@ def params_label(modules: Sequence[str], limit: int = 3) -> str:
 
 
 def bucket_table(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int,
-                 names: Optional[Dict[str, Sequence[str]]] = None) -> pd.DataFrame:
+                 names: Optional[Dict[str, Sequence[str]]] = None,
+                 complete: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """Per bucket index: size, when it became ready after the backward's
     start (median), the spread of that instant across ranks, issue to
     completion, waiting for peers vs transferring (means), the exposed tail
     after each rank's backward ended, the rank most often last ready, and
     what the bucket holds: DDP's module names where the recorder saw them
     (``names``: bucket index -> modules), else the collective's tensor name
-    (Horovod)."""
-    g = _complete(grads, n_ranks)
+    (Horovod). ``complete``: :func:`complete_instances` of the same grads and
+    ranks, where the caller has it (read, not changed)."""
+    g = complete_instances(grads, n_ranks) if complete is None else complete
     if g.empty:
         return pd.DataFrame(columns=BUCKET_COLUMNS)
     g = g.merge(phases[["rank", "step", "b0", "b1"]], on=["rank", "step"])
@@ -224,12 +226,14 @@ def _holds(k: int, d: pd.DataFrame, names: Optional[Dict[str, Sequence[str]]]) -
 PATH_COLUMNS = ["step", "gate", "gate_rank", "gate_bucket", "gate_phase", "path", "tail_ms", "margin_ms"]
 
 
-def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int) -> pd.DataFrame:
+def critical_paths(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int,
+                   complete: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """One row per measured step seen on every rank: the gate (what the
     step's end waited for, walking back from the last gradient collective)
     and the whole chain as text. Per-step statistics come from one grouped
-    pass each (no pandas call per step)."""
-    g = _complete(grads, n_ranks)
+    pass each (no pandas call per step). ``complete``: as
+    :func:`bucket_table` takes it."""
+    g = complete_instances(grads, n_ranks) if complete is None else complete
     if phases.empty:
         return pd.DataFrame(columns=PATH_COLUMNS)
     ph = phases.sort_values(["step", "rank"], kind="stable")

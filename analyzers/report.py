@@ -428,11 +428,12 @@ def fine_grain(runs) -> dict:
             ut[key] = up
         if gr is None or gr.empty:
             continue
-        b = bk.bucket_table(ph, gr, r.world_size, r.meta.get("ddp_buckets"))
+        complete = bk.complete_instances(gr, r.world_size)       # read by both, found once
+        b = bk.bucket_table(ph, gr, r.world_size, r.meta.get("ddp_buckets"), complete=complete)
         if len(b):
             bt[key] = b
         if r.world_size > 1:
-            paths = bk.critical_paths(ph, gr, r.world_size)
+            paths = bk.critical_paths(ph, gr, r.world_size, complete=complete)
             gates = bk.gate_table(paths, b)
             if len(gates):
                 gt[key] = gates
