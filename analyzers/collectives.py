@@ -482,6 +482,15 @@ class CollectiveStats:
         table = self._names[kind]
         return np.array([table.setdefault(v, len(table)) for v in values] + [-1], dtype=np.int64)
 
+    def _ids_of(self, kind: str, values, codes: np.ndarray) -> np.ndarray:
+        """The ids of rows given as dictionary codes (-1: none): the codes
+        themselves where the dictionary lists the ids in order (every chunk
+        after the first, as a rule), else looked up."""
+        lut = self._ids(kind, values)
+        if np.array_equal(lut[:-1], np.arange(len(lut) - 1)) and codes.dtype == np.int64:
+            return codes
+        return lut[codes]
+
     # -- accumulation --------------------------------------------------------
     def add(self, comm, offsets: Optional[Dict[int, int]] = None) -> None:
         """Fold collective events (an Arrow table or DataFrame of comm rows):
@@ -528,12 +537,12 @@ class CollectiveStats:
         rank = _num(comm, "rank", np.int64, 0)
         off = _per_rank(rank, offsets) if offsets else np.zeros(1, np.int64)
         g_codes, groups = _codes(comm.column("group"))
-        gid = self._ids("group", groups)[g_codes]
-        oid = self._ids("op", ops)[op_codes]
-        sid = self._ids("source", srcs)[src_codes]
+        gid = self._ids_of("group", groups, g_codes)
+        oid = self._ids_of("op", ops, op_codes)
+        sid = self._ids_of("source", srcs, src_codes)
         if "dtype" in comm.column_names:
             dt_codes, dts = _codes(comm.column("dtype"))
-            did = self._ids("dtype", dts)[dt_codes]
+            did = self._ids_of("dtype", dts, dt_codes)
         else:
             did = np.full(comm.num_rows, -1, np.int64)
         seq = _num(comm, "seq", np.int64, -1)

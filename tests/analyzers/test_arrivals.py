@@ -208,3 +208,32 @@ def test_rank_lateness_is_computed_once_and_again_once_more_calls_come():
         both.add(c)
     pd.testing.assert_frame_equal(st.rank_lateness(), both.rank_lateness())
     assert len(first) and not st.rank_lateness().equals(first)
+
+
+def test_chunks_whose_dictionaries_list_names_in_other_orders_fold_the_same():
+    """A chunk's dictionary codes are the fold's ids only where it lists the
+    names in the order first seen; a chunk listing them otherwise is looked
+    up: the same instances, skew and lateness either way."""
+    f, _host, _offsets = draw(6, miss=0.0)
+    chunks = chunks_of(f, [4, 5])
+
+    def reordered(t):
+        for name in ("name", "group", "source", "dtype"):
+            if name not in t.column_names:
+                continue
+            col = t.column(name).combine_chunks()
+            if not pa.types.is_dictionary(col.type):
+                col = col.dictionary_encode()
+            values = col.dictionary.to_pylist()[::-1] + ["never seen"]
+            remap = pa.array([values.index(v) for v in col.dictionary.to_pylist()], pa.int32())
+            idx = pa.compute.take(remap, col.indices)
+            t = t.set_column(t.schema.get_field_index(name), name,
+                             pa.DictionaryArray.from_arrays(idx, pa.array(values)))
+        return t
+
+    plain, other = CollectiveStats(), CollectiveStats()
+    for c in chunks:
+        plain.add(c)
+    other.add(chunks[0])
+    other.add(reordered(chunks[1]))
+    same(plain, other)
