@@ -82,11 +82,36 @@ def wide_of(unit: np.ndarray, step: np.ndarray, v: np.ndarray):
     return wide_at(cells(unit, step), v)
 
 
+def _grid(unit: np.ndarray, step: np.ndarray):
+    """(units, number of steps) where the rows are already the matrix,
+    transposed: units ascending, each unit's rows the same strictly
+    increasing steps (every rank measured every step once, its steps
+    recorded in order: the usual run); else None."""
+    n = len(unit)
+    if n == 0 or not bool(np.all(unit[1:] >= unit[:-1])):
+        return None
+    first = np.flatnonzero(np.r_[True, unit[1:] != unit[:-1]])
+    n_units = len(first)
+    n_steps = n // n_units
+    if n_steps * n_units != n or not np.array_equal(first, np.arange(n_units) * n_steps):
+        return None
+    s0 = step[:n_steps]
+    if not bool(np.all(s0[1:] > s0[:-1])) or not np.array_equal(step.reshape(n_units, n_steps), np.broadcast_to(
+            s0, (n_units, n_steps))):
+        return None
+    return unit[first], n_steps
+
+
 def cells(unit: np.ndarray, step: np.ndarray):
     """(units, number of steps, each row's cell of the steps x units
     matrix, the rows per cell): shared by the metrics of one set of rows.
     The rows per cell are None where every cell holds exactly one row
-    (every rank measured every step once, the usual run)."""
+    (every rank measured every step once, the usual run); the cells are
+    None too where the rows are already the matrix, transposed
+    (:func:`_grid`)."""
+    grid = _grid(np.asarray(unit), np.asarray(step))
+    if grid is not None:
+        return grid[0], grid[1], None, None
     units, ui = int_codes(unit)
     steps, si = int_codes(step)
     cell = si.astype(np.intp) * len(units)       # bincount's index type: no copy per metric
@@ -101,6 +126,11 @@ def cells(unit: np.ndarray, step: np.ndarray):
 def wide_at(where, v: np.ndarray):
     """:func:`wide` of the values ``v`` of rows placed by :func:`cells`."""
     units, n_steps, cell, cnt = where
+    if cell is None:    # the rows are the matrix transposed: copied in place (0.0 + v, as a sum of one value)
+        placed = np.empty((n_steps, len(units)))
+        placed[:] = np.asarray(v, np.float64).reshape(len(units), n_steps).T
+        placed += 0.0
+        return units, placed[~np.isnan(placed).any(axis=1)]
     if cnt is None:     # one row a cell: each value placed (0.0 + v, as the sum of one value would be)
         flat = np.empty(len(cell))
         flat[cell] = v

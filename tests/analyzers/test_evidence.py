@@ -225,12 +225,13 @@ def test_a_gate_rank_late_by_less_than_the_effect_floor_is_not_named(tmp_path, d
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 5), st.integers(1, 6), st.integers(0, 2**31), st.sampled_from(["complete", "gaps", "twice"]),
-       st.booleans())
+@given(st.integers(1, 5), st.integers(1, 6), st.integers(0, 2**31),
+       st.sampled_from(["complete", "gaps", "twice", "in order"]), st.booleans())
 def test_algebra_one_row_a_cell_is_placed_as_the_sums_would_place_it(units, steps, seed, shape, nan):
-    """wide_at where every (unit, step) cell holds one row (values placed)
-    and by its sums per cell: the same matrix bit for bit, zeros of either
-    sign and NaN rows included; gaps or repeated rows take the sums."""
+    """wide_at where every (unit, step) cell holds one row (values placed;
+    rows already in matrix order: copied) and by its sums per cell: the same
+    matrix bit for bit, zeros of either sign and NaN rows included; gaps or
+    repeated rows take the sums."""
     rng = np.random.default_rng(seed)
     unit, step = (a.ravel() for a in np.meshgrid(np.arange(units) * 3, np.arange(steps) + 10, indexing="ij"))
     if shape == "gaps" and len(unit) > 1:
@@ -238,8 +239,9 @@ def test_algebra_one_row_a_cell_is_placed_as_the_sums_would_place_it(units, step
         unit, step = unit[keep], step[keep]
     if shape == "twice":
         unit, step = np.r_[unit, unit[:1]], np.r_[step, step[:1]]
-    order = rng.permutation(len(unit))
-    unit, step = unit[order], step[order]
+    if shape != "in order":
+        order = rng.permutation(len(unit))
+        unit, step = unit[order], step[order]
     v = rng.choice([-0.0, 0.0, 1.5, 2e9, -3.25], len(unit))
     if nan and len(v):
         v[rng.integers(len(v))] = np.nan
@@ -247,10 +249,16 @@ def test_algebra_one_row_a_cell_is_placed_as_the_sums_would_place_it(units, step
     pairs = set(zip(unit.tolist(), step.tolist()))
     one_each = len(pairs) == len(unit) == len(set(unit.tolist())) * len(set(step.tolist()))
     assert (where[3] is None) == one_each
-    if shape == "complete":
+    in_order = list(zip(unit.tolist(), step.tolist())) == sorted(pairs)
+    assert (where[2] is None) == (one_each and in_order and len(unit) > 0)
+    assert shape != "in order" or where[2] is None or not len(unit)
+    if shape in ("complete", "in order"):
         assert one_each
     units_got, m = stragglers.wide_at(where, v)
-    units_want, want = stragglers.wide_at(where[:3] + (np.bincount(where[2], minlength=len(where[0]) * where[1])
-                                                       .astype(np.float64),), v)
+    u, ui = np.unique(unit, return_inverse=True)
+    s_, si = np.unique(step, return_inverse=True)
+    cell = si * len(u) + ui
+    units_want, want = stragglers.wide_at((u, len(s_), cell, np.bincount(cell, minlength=len(u) * len(s_))
+                                           .astype(np.float64)), v)
     assert np.array_equal(units_got, units_want)
     assert m.shape == want.shape and m.tobytes() == want.tobytes()
