@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.ops import bus_factor
-from .codes import host_codes as _host_codes, int_codes, str_codes as _str_codes
+from .codes import distinct, host_codes as _host_codes, str_codes as _str_codes
 from .evidence import format_p
 from .stragglers import sign_tests, wide_of
 
@@ -47,7 +47,7 @@ def group_scope(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> Dict[str
     gcodes, gnames = _str_codes(comm["group"])
     hcode = _host_codes(comm["rank"].to_numpy(), hosts)
     width = int(hcode.max()) + 1 if len(hcode) else 1
-    pairs = int_codes(gcodes.astype(np.int64) * width + hcode)[0]
+    pairs = distinct(gcodes.astype(np.int64) * width + hcode)
     n_hosts = np.bincount(pairs // width, minlength=len(gnames))
     return {g: ("inter-node" if n_hosts[i] > 1 else "intra-node") for i, g in enumerate(gnames)
             if n_hosts[i] > 0}
@@ -75,7 +75,7 @@ def scope_table(comm: Optional[pd.DataFrame], hosts: Dict[int, str],
         algbw = np.where(lat > 0, nbytes / lat / 1e9, np.nan)
     key = ocodes * 2 + sc
     rows = []
-    order = sorted(((onames[k // 2], ("intra-node", "inter-node")[k % 2]), k) for k in int_codes(key[keep])[0])
+    order = sorted(((onames[k // 2], ("intra-node", "inter-node")[k % 2]), k) for k in distinct(key[keep]).tolist())
     for (op, sc_name), k in order:
         sel = keep & (key == k)
         calls = int(sel.sum())
@@ -116,7 +116,7 @@ def per_host(steps: pd.DataFrame, lateness: pd.DataFrame, hosts: Dict[int, str],
     if steps.empty or len(set(hosts.values())) <= 1:
         return pd.DataFrame(columns=HOST_COLUMNS)
     names = sorted(set(hosts.values()) | {"?"})
-    present, _ = int_codes(steps["rank"].to_numpy())
+    present = distinct(steps["rank"].to_numpy())
     hc = _host_codes(steps["rank"].to_numpy(), hosts)   # integer codes in name order: no string keys
     n_h = len(names)
     rows_n = np.bincount(hc, minlength=n_h)

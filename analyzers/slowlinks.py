@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.ops import bus_factor
-from .codes import str_codes
+from .codes import distinct, str_codes
 from .pairs import SLOW, slow_members
 
 GROUP_COLUMNS = ["class", "group", "op", "nodes", "n_nodes", "ranks", "calls", "bytes", "transfer_ms",
@@ -75,7 +75,7 @@ def group_speeds(comm: Optional[pd.DataFrame], hosts: Dict[int, str]) -> pd.Data
     ok = (inst_seen >= inst_gs) & (inst_dur > 0) & (inst_bytes > 0)
     # the node set of each group, from the ranks seen in it
     width = int(rank.max()) + 1
-    gr = np.unique(gcodes * width + rank)
+    gr = distinct(gcodes * width + rank)
     members: Dict[int, List[int]] = {}
     for v in gr.tolist():
         members.setdefault(v // width, []).append(v % width)

@@ -1,0 +1,29 @@
+"""Integer codes and distinct values (analyzers/codes.py) against numpy's
+np.unique, on the ranges where they count and where they sort."""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commprof.analyzers.codes import distinct, int_codes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-5, 40), max_size=60), st.sampled_from([0, 1 << 20, -(1 << 40)]),
+       st.sampled_from([np.int64, np.int32, np.uint16]))
+def test_distinct_and_codes_are_numpys_unique(values, shift, dtype):
+    v = np.array(values, np.int64) + (shift if dtype == np.int64 else 0)
+    if dtype == np.uint16:
+        v = np.abs(v)
+    v = v.astype(dtype)
+    want, inv = np.unique(v, return_inverse=True)
+    got = distinct(v)
+    assert got.dtype == want.dtype and got.tolist() == want.tolist()
+    u, codes = int_codes(v)
+    assert u.tolist() == want.tolist() and codes.tolist() == inv.ravel().tolist()
+
+
+def test_distinct_of_a_wide_range_or_no_integer():
+    v = np.array([3, 1 << 50, 3, -7], np.int64)
+    assert distinct(v).tolist() == [-7, 3, 1 << 50]
+    assert distinct(np.array([2.5, 1.0, 2.5])).tolist() == [1.0, 2.5]
+    assert distinct(np.zeros(0, np.int64)).tolist() == []
