@@ -87,3 +87,37 @@ def test_a_report_that_fails_leaves_nothing_read_ahead(tmp_path, content):
     before = set(parquet._AHEAD)
     assert main(["report", str(bad), "--format", "json", "-o", str(tmp_path / "r.json")]) == 2
     assert set(parquet._AHEAD) == before and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("content", [None, b"PAR1 not a parquet file"])
+def test_a_report_runs_without_the_cycle_collector_and_gives_it_back(tmp_path, content):
+    """The report runs with Python's cycle collector off (it stops every
+    thread and finds next to nothing there); a process that goes on, after a
+    report or a failed one, has it as it was."""
+    import gc
+
+    from commprof.cli import main
+
+    if content is None:
+        path = write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(4)})
+    else:
+        path = str(tmp_path / "trace.parquet")
+        (tmp_path / "trace.parquet").write_bytes(content)
+    seen = []
+    real = parquet._iter_file_chunks
+
+    def spy(*a):
+        seen.append(gc.isenabled())
+        return real(*a)
+
+    for on in (True, False):
+        (gc.enable if on else gc.disable)()
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(parquet, "_iter_file_chunks", spy)
+                rc = main(["report", path, "--format", "json", "-o", str(tmp_path / "r.json")])
+            assert rc == (0 if content is None else 2)
+            assert gc.isenabled() == on
+        finally:
+            gc.enable()
+    assert seen and not any(seen)
