@@ -318,6 +318,23 @@ def _reduce_arrivals(key, rank, ts, te_rel, n, lows=None) -> Dict[str, np.ndarra
             "n": np.add.reduceat(n[order], first)}
 
 
+def _sums_per_key(key: np.ndarray, w: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted distinct keys, each one's sum of ``w`` in row order from 0.0,
+    its rows): ``bincount`` over :func:`int_codes`, or, where each key's rows
+    are one run and the runs come in key order (a chunk's calls, rank by
+    rank; at most 256 runs), each run's running sum: the same additions in
+    the same order."""
+    if len(key):
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        starts = key[first]
+        if len(first) <= 256 and bool(np.all(starts[1:] > starts[:-1])):
+            ends = np.r_[first[1:], len(key)]
+            sums = np.array([np.cumsum(w[a:b])[-1] + 0.0 for a, b in zip(first.tolist(), ends.tolist())])
+            return starts, sums, ends - first
+    u, inv = int_codes(key)
+    return u, np.bincount(inv, weights=w), np.bincount(inv)
+
+
 def _combine_due(pending: int, combined: int) -> bool:
     """Whether partial aggregates are folded into the combined ones now: once
     the pending rows are as many as the combined ones (not more: the last of
@@ -641,9 +658,7 @@ class CollectiveStats:
             self._combine()
         # per (rank, group): summed issue times and calls, for mean lateness
         width = int(gid.max()) + 1 if len(gid) else 1
-        u, inv = int_codes(rank * width + gid)      # (rank, group) in order, counted, not sorted
-        sums = np.bincount(inv, weights=(ts - self._t_ref).astype(np.float64))
-        counts = np.bincount(inv)
+        u, sums, counts = _sums_per_key(rank * width + gid, (ts - self._t_ref).astype(np.float64))
         for k, s_, c_ in zip(u.tolist(), sums.tolist(), counts.tolist()):
             acc = self._rank_sums.setdefault((k // width, k % width), [0.0, 0])
             acc[0] += s_

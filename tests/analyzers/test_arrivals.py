@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commprof.analyzers.collectives import CollectiveStats
 
@@ -237,3 +239,24 @@ def test_chunks_whose_dictionaries_list_names_in_other_orders_fold_the_same():
     other.add(chunks[0])
     other.add(reordered(chunks[1]))
     same(plain, other)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.0, -0.0, 1.5, 3e9, -2.25, np.nan, 1e-300])),
+                max_size=40), st.booleans())
+def test_algebra_sums_per_key_are_bincounts_bit_for_bit(rows, by_key):
+    """Each key's running sum where its rows are one run (runs in key order)
+    and bincount's sum otherwise: the same keys, sums (zeros' signs and NaN
+    included) and counts."""
+    from commprof.analyzers.codes import int_codes
+    from commprof.analyzers.collectives import _sums_per_key
+
+    if by_key:
+        rows = sorted(rows, key=lambda r: r[0])
+    key = np.array([k for k, _ in rows], np.int64)
+    w = np.array([v for _, v in rows], np.float64)
+    u, sums, counts = _sums_per_key(key, w)
+    want_u, inv = int_codes(key) if len(key) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert u.tolist() == want_u.tolist()
+    assert sums.tobytes() == np.bincount(inv, weights=w, minlength=len(want_u)).astype(np.float64).tobytes()
+    assert counts.tolist() == np.bincount(inv, minlength=len(want_u)).tolist()
