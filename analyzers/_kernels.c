@@ -2,7 +2,8 @@
  * path it replaces, so the results are bit for bit the same: the
  * breakdown's cover-pattern sweep, as a table or straight into weighted
  * figures (analyzers/intervals.py, pattern_table), its per-rank time lines
- * (analyzers/breakdown.py, _rank_keys), the sweep's row masks
+ * (analyzers/breakdown.py, _rank_keys), both at once for a chunk whose
+ * ranks come in runs (breakdown.py, _step_sweep_compiled), the sweep's row masks
  * (analyzers/run.py, _event_masks), and the collectives' per-instance
  * reduction (analyzers/collectives.py, _reduce_instances). Built and loaded
  * by analyzers/native.py; the numpy paths are used where it cannot be. */

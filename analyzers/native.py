@@ -1,5 +1,6 @@
 """The analyzers' compiled kernels (``_kernels.c``): the breakdown's
-cover-pattern sweep and per-rank time lines, the sweep's row masks and
+cover-pattern sweep and per-rank time lines (both in one call for a chunk
+whose ranks come in runs), the sweep's row masks and
 the collectives' per-instance reduction, each in one or two passes where
 numpy needs a dozen over every row
 (benchmarks/results/report_speed/).
