@@ -75,7 +75,7 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
  * whose label is not 0..n_sets, or that does not end after it starts, is
  * passed over (both its boundaries: the state they would change stays, so
  * every segment adds up as without them), as pattern_table ignores it.
- * Returns 0, or -1 when a weight is out of range. */
+ * Returns 0, or -1 when n_sets, m or a weight is out of range. */
 int commprof_pattern_weighted(const int64_t *starts, const int64_t *ends, const int8_t *lab, int64_t n,
                               const int64_t *order_s, const int64_t *order_e, int n_sets, const double *weights,
                               int m, double *out, int64_t n_win)
@@ -329,7 +329,8 @@ int64_t commprof_argsort_near(int64_t n, const int64_t *key, int64_t *order, int
  * ascending). Writes each window's figures (out[w * m ..], zeroed by the
  * caller) and its row (win_rows[w]); returns the number of windows, or -1
  * when a run's times are too far from sorted (past max_moves moves per
- * key), a window would pass max_win, a weight is not 0 or 1, or a run's
+ * key), a window would pass max_win, n_sets or m is out of range, a
+ * weight is not 0 or 1, or a run's
  * times span max_span ns or more (they would not fit _rank_keys' keys,
  * which then says why): the caller then takes the general path. */
 int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t *run_hi, const int8_t *cat,

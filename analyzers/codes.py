@@ -2,7 +2,7 @@
 built per row), shared by the per-node and clock analyses."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -37,17 +37,35 @@ def host_codes(ranks: np.ndarray, hosts: Dict[int, str]) -> np.ndarray:
     return lut[r]
 
 
+def _small_range(v: np.ndarray) -> Optional[Tuple[int, int]]:
+    """(least, greatest) of integers whose range is small enough to count
+    (and whose values fit int64), else None."""
+    if not len(v) or v.dtype.kind not in "iu":
+        return None
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo > max(4 * len(v), 1 << 16) or hi >= (1 << 62) or lo < -(1 << 62):
+        return None
+    return lo, hi
+
+
+def _from_zero(v: np.ndarray, lo: int) -> np.ndarray:
+    """The values less their least, as int64 (bincount's index type; a
+    narrower type would overflow)."""
+    if v.dtype == np.int64:
+        return v - lo if lo else v          # values from 0 (ranks, steps): no copy of the rows
+    return v.astype(np.int64) - lo
+
+
 def int_codes(values) -> tuple:
     """(sorted distinct values, the index of each row's value among them):
     ``np.unique(values, return_inverse=True)`` for integers, by counting
     when their range is small (no sort of the rows)."""
     v = np.asarray(values)
-    if not len(v) or v.dtype.kind not in "iu":
+    span = _small_range(v)
+    if span is None:
         return np.unique(v, return_inverse=True)
-    lo, hi = int(v.min()), int(v.max())
-    if hi - lo > max(4 * len(v), 1 << 16):
-        return np.unique(v, return_inverse=True)
-    shifted = v - lo if lo else v           # values from 0 (ranks, steps): no copy of the rows
+    lo, hi = span
+    shifted = _from_zero(v, lo)
     present = np.bincount(shifted, minlength=hi - lo + 1) > 0
     rank = (np.cumsum(present) - 1).astype(np.int32 if hi - lo < (1 << 31) else np.int64)  # codes: 4 B per row
     return (np.flatnonzero(present) + lo).astype(v.dtype), rank[shifted]
@@ -58,9 +76,8 @@ def distinct(values) -> np.ndarray:
     """``np.unique(values)``: the sorted distinct values, by counting where
     they are integers of a small range (no sort, no index per row)."""
     v = np.asarray(values)
-    if not len(v) or v.dtype.kind not in "iu":
+    span = _small_range(v)
+    if span is None:
         return np.unique(v)
-    lo, hi = int(v.min()), int(v.max())
-    if hi - lo > max(4 * len(v), 1 << 16):
-        return np.unique(v)
-    return (np.flatnonzero(np.bincount(v - lo if lo else v, minlength=hi - lo + 1)) + lo).astype(v.dtype)
+    lo, hi = span
+    return (np.flatnonzero(np.bincount(_from_zero(v, lo), minlength=hi - lo + 1)) + lo).astype(v.dtype)

@@ -492,6 +492,7 @@ class CollectiveStats:
         self._pending_rows = 0
         self._rank_sums: Dict[tuple, list] = {}
         self._inst_cache: Optional[pd.DataFrame] = None
+        self._lateness: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None     # (the instances it read, it)
         self._t_ref: Optional[int] = None
         self._arrivals: Optional[Arrivals] = None
 
@@ -501,8 +502,9 @@ class CollectiveStats:
 
     def _ids_of(self, kind: str, values, codes: np.ndarray) -> np.ndarray:
         """The ids of rows given as dictionary codes (-1: none): the codes
-        themselves where the dictionary lists the ids in order (every chunk
-        after the first, as a rule), else looked up."""
+        themselves where the chunk's dictionary lists the names in the order
+        the fold first saw them (a merged trace's chunks, as a rule), else
+        looked up."""
         lut = self._ids(kind, values)
         if np.array_equal(lut[:-1], np.arange(len(lut) - 1)) and codes.dtype == np.int64:
             return codes
@@ -616,6 +618,7 @@ class CollectiveStats:
         """Forget the per-instance aggregates (kept: the per-call sketches)."""
         self._acc, self._pending, self._pending_rows = None, [], 0
         self._rank_sums, self._inst_cache, self._t_ref, self._arrivals = {}, None, None, None
+        self._lateness = None
 
     def add_calls(self, c: pd.DataFrame) -> None:
         """Fold a per_call frame into the per (op, source, size bucket) sketches."""
@@ -835,7 +838,7 @@ class CollectiveStats:
         for the instances as they stand: the per-host table and the
         straggler tests both read it; each caller gets a copy)."""
         inst = self._inst
-        held = getattr(self, "_lateness", None)
+        held = self._lateness
         if held is not None and held[0] is inst:
             return held[1].copy()
         out = self._rank_lateness(inst)

@@ -88,7 +88,7 @@ def _floats(col) -> np.ndarray:
 def _codes(col, mapping) -> np.ndarray:
     """Dictionary/string column -> int codes given a {value: code} mapping
     (unknown values and nulls -> -1). Chunk by chunk, each through its own
-    dictionary (no dictionaries unified, no indices copied to int64)."""
+    dictionary (no dictionaries unified, no chunks combined first)."""
     parts = []
     for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
         if not pa.types.is_dictionary(c.type):

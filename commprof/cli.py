@@ -320,7 +320,12 @@ def _keep_heap() -> None:
     top given back past 1 GiB, grown 64 MiB at a time); the stages still
     give the free heap back between them (analyzers/run.py). A 10 M-event
     report: 0.16 s less system CPU, 0.05-0.07 s sooner, 20-25 MiB more at
-    its peak (benchmarks/results/report_speed/). Elsewhere a no-op."""
+    its peak (benchmarks/results/report_speed/). Elsewhere a no-op. They
+    last as long as the process (glibc's own thresholds cannot be had
+    back), so only a process that ends with its command sets them
+    (:func:`entry`, not a caller of :func:`main`)."""
+    if not _ENDS_WITH_COMMAND:
+        return
     try:
         import ctypes
 
@@ -335,6 +340,9 @@ def _keep_heap() -> None:
 #: set by a command whose work is all written and that holds nothing the
 #: interpreter's teardown would still do anything with (:func:`entry`)
 _DONE = False
+#: the process ends when the command does (:func:`entry`): settings that
+#: outlast a command (glibc's heap thresholds) may be made for it
+_ENDS_WITH_COMMAND = False
 
 
 def entry() -> None:
@@ -342,6 +350,8 @@ def entry() -> None:
     :func:`main`, then the process ends. After a report, whose output is
     written and flushed, without the interpreter freeing its objects one by
     one (10 M events: ~70 ms, benchmarks/results/report_speed/)."""
+    global _ENDS_WITH_COMMAND
+    _ENDS_WITH_COMMAND = True
     rc = main()
     if _DONE and rc == 0:
         try:
@@ -724,13 +734,14 @@ def cmd_report(args) -> int:
 
     _keep_heap()
     _arrow_pool()
-    # Python's cycle collector stops every thread while it walks the objects, and finds next to
-    # nothing here: a 10 M-event report ran ~200 collections for ~0.06 s and freed ~1,200 objects
-    # (benchmarks/results/report_speed/); it is off while the report runs, as it was before after
+    # Python's cycle collector holds the GIL while it walks every object, and finds next to nothing
+    # here: a 10 M-event report ran ~200 collections for ~0.06 s and freed ~1,200 objects
+    # (benchmarks/results/report_speed/). It is off while the report runs, then as it was.
     was_on = gc.isenabled()
     gc.disable()
-    ahead = _read_ahead(args.traces)
+    ahead = None
     try:
+        ahead = _read_ahead(args.traces)
         return _report(args)
     finally:        # a report that ended before reading (a bad argument or file) leaves nothing read ahead
         if ahead is not None:

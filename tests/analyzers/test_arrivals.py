@@ -199,8 +199,12 @@ def test_rank_lateness_is_computed_once_and_again_once_more_calls_come():
     chunks = chunks_of(f, [4, 5])
     st = CollectiveStats()
     st.add(chunks[0])
+    computed = []
+    real = st._rank_lateness
+    st._rank_lateness = lambda inst: computed.append(1) or real(inst)
     first = st.rank_lateness()
     again = st.rank_lateness()
+    assert len(computed) == 1
     pd.testing.assert_frame_equal(first, again)
     again["lateness_ms"] = -1.0
     pd.testing.assert_frame_equal(st.rank_lateness(), first)
@@ -209,7 +213,10 @@ def test_rank_lateness_is_computed_once_and_again_once_more_calls_come():
     for c in chunks:
         both.add(c)
     pd.testing.assert_frame_equal(st.rank_lateness(), both.rank_lateness())
+    assert len(computed) == 2
     assert len(first) and not st.rank_lateness().equals(first)
+    st.drop_instances()
+    assert st._lateness is None and st.rank_lateness().empty
 
 
 def test_chunks_whose_dictionaries_list_names_in_other_orders_fold_the_same():

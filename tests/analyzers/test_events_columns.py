@@ -77,3 +77,13 @@ def test_ints_are_arrows_cast(parts, offsets):
     col = _chunked(parts, offsets, pa.int32())
     got = _ints(col, np.int64)
     assert got.dtype == np.int64 and got.tolist() == [v for p in parts for v in p]
+
+
+def test_ints_with_nulls_or_other_types_are_read_as_before():
+    """A null or a non-integer chunk: the general conversion (null as 0)."""
+    from commprof.analyzers.events import _np
+
+    with_null = pa.chunked_array([pa.array([1, None, 3], pa.int32()), pa.array([4], pa.int32())])
+    assert _ints(with_null, np.int64).tolist() == _np(with_null, np.int64).tolist() == [1, 0, 3, 4]
+    mixed = pa.chunked_array([pa.array([1.0, 2.0]), pa.array([3.0])])
+    assert _ints(mixed, np.int64).tolist() == [1, 2, 3]

@@ -103,21 +103,59 @@ def test_a_report_runs_without_the_cycle_collector_and_gives_it_back(tmp_path, c
     else:
         path = str(tmp_path / "trace.parquet")
         (tmp_path / "trace.parquet").write_bytes(content)
+    from commprof.analyzers import report as report_module
+
     seen = []
-    real = parquet._iter_file_chunks
+    real, real_tables = parquet._iter_file_chunks, report_module.build_report
 
     def spy(*a):
         seen.append(gc.isenabled())
         return real(*a)
+
+    def tables_spy(*a, **k):        # late in the analysis, on the main thread
+        seen.append(gc.isenabled())
+        return real_tables(*a, **k)
 
     for on in (True, False):
         (gc.enable if on else gc.disable)()
         try:
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(parquet, "_iter_file_chunks", spy)
+                mp.setattr(report_module, "build_report", tables_spy)
                 rc = main(["report", path, "--format", "json", "-o", str(tmp_path / "r.json")])
             assert rc == (0 if content is None else 2)
             assert gc.isenabled() == on
         finally:
             gc.enable()
-    assert seen and not any(seen)
+    assert len(seen) == (4 if content is None else 2) and not any(seen)
+
+
+def test_glibcs_heap_is_kept_only_by_a_process_that_ends_with_the_report(tmp_path, monkeypatch):
+    """The heap thresholds outlast the command (glibc's own cannot be had
+    back): set for a report run by the ``commprof`` command, which then
+    ends, not for a caller of ``main()`` that goes on."""
+    import ctypes
+
+    from commprof import cli
+
+    path = write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(2)})
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    real_cdll = ctypes.CDLL
+
+    def cdll(name, *a, **k):        # glibc's only: the compiled kernels load as they do
+        return Libc() if name == "libc.so.6" else real_cdll(name, *a, **k)
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    args = ["report", path, "--format", "json", "-o", str(tmp_path / "r.json")]
+    assert cli.main(args) == 0
+    assert calls and all(p == -8 for p, _ in calls)         # the arenas' limit only
+    calls.clear()
+    monkeypatch.setattr(cli, "_ENDS_WITH_COMMAND", True)     # as entry() sets it
+    assert cli.main(args) == 0
+    assert {(-3, 32 << 20), (-1, 1 << 30), (-2, 64 << 20)} <= set(calls)
