@@ -15,11 +15,24 @@ e.g. inside ``optimizer.step()``).
 
 Per collective: tensor name (``detail``), bytes (S, nccl-tests convention),
 dtype, process set, its size, and a per-process-set sequence number.
+
+With ``HOROVOD_TIMELINE`` set (``commprof record --horovod-timeline``),
+``hvd.init`` is wrapped to register, after Horovod's own exit handler, one
+that stops the timeline first: Horovod's shutdown ends its timeline
+writer without writing what is still queued (horovod/common/timeline.cc,
+``TimelineWriter::Shutdown``), and on a busy machine the whole training's
+phases could be queued still. ``stop_timeline`` returns once the writer
+has written every queued event and closed the file; it runs in a thread
+of its own, waited for at most ``DRAIN_S`` seconds, so the exit is never
+held up.
 """
 from __future__ import annotations
 
+import atexit
 import functools
+import os
 import sys
+import threading
 
 from .base import Instrument, tensor_bytes
 from ..recorder import now
@@ -37,6 +50,8 @@ PRIVATE = {
     "_grouped_reducescatter_async": ("reduce_scatter", "list"),
 }
 SYNC_HOLDERS = ("horovod.torch.mpi_ops", "horovod.torch", "horovod.torch.optimizer", "horovod.torch.functions")
+#: the most seconds the exit waits for Horovod's timeline to be written
+DRAIN_S = 20.0
 
 
 class HorovodInstrument(Instrument):
@@ -54,6 +69,12 @@ class HorovodInstrument(Instrument):
             mod = sys.modules.get(modname)
             if mod is not None and hasattr(mod, "synchronize"):
                 self.patch(mod, "synchronize", self._wrap_sync)
+        self._drain_registered = False
+        if os.environ.get("HOROVOD_TIMELINE"):
+            for modname in ("horovod.torch", "horovod.torch.mpi_ops"):
+                mod = sys.modules.get(modname)
+                if mod is not None and hasattr(mod, "init"):
+                    self.patch(mod, "init", self._wrap_init)
         self.rec.run_info.setdefault("framework", "horovod")
         try:
             import horovod
@@ -61,6 +82,19 @@ class HorovodInstrument(Instrument):
             self.rec.run_info["horovod"] = getattr(horovod, "__version__", None)
         except Exception:
             pass
+
+    def _wrap_init(self, original):
+        inst = self
+
+        @functools.wraps(original)
+        def init(*args, **kwargs):
+            out = original(*args, **kwargs)         # registers Horovod's shutdown at exit
+            if not inst._drain_registered:
+                inst._drain_registered = True
+                atexit.register(drain_timeline)     # so this one runs first
+            return out
+
+        return init
 
     def _set_info(self, process_set):
         key = getattr(process_set, "process_set_id", 0)
@@ -134,3 +168,24 @@ class HorovodInstrument(Instrument):
                         inst.fail(exc)
 
         return synchronize
+
+
+def drain_timeline(wait_s: float = DRAIN_S) -> bool:
+    """Stop Horovod's timeline (its writer empties its queue into the file,
+    then closes it), in a thread of its own, waiting at most ``wait_s``
+    seconds. True when it returned in time; never raises."""
+    mod = sys.modules.get("horovod.torch.mpi_ops") or sys.modules.get("horovod.torch")
+    stop = getattr(mod, "stop_timeline", None)
+    if stop is None:
+        return False
+
+    def run():
+        try:
+            stop()
+        except Exception:       # not initialised, already shut down: nothing to write
+            pass
+
+    t = threading.Thread(target=run, name="commprof-horovod-timeline", daemon=True)
+    t.start()
+    t.join(wait_s)
+    return not t.is_alive()
