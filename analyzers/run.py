@@ -395,7 +395,7 @@ class Collectives:
             self.stats.add_instances_of(comm, times=times)
         elif self.deferred:
             self.stats.add_instances_of(comm, times=times)
-            self.calls.add(comm)
+            self.calls.add(comm, times)
             if self.reread is not None and self.stats.arrival_rows() > MAX_ARRIVAL_ROWS \
                     and self.stats.arrival_rows(compact=True) > MAX_ARRIVAL_ROWS:
                 self.stats.drop_instances()
@@ -504,17 +504,22 @@ class CallCounts:
     def __init__(self):
         self.sums: Dict[Tuple[str, str], List[float]] = {}
 
-    def add(self, comm: pa.Table) -> None:
-        op, ops = _dict_codes(comm.column("name"))
+    def add(self, comm: pa.Table, times: Optional[tuple] = None) -> None:
+        """``times``: the rows' :func:`~.collectives.call_times`, where taken
+        (their op codes and sizes are read from them, not again)."""
+        if times is not None:
+            op, ops, nbytes = times[0], times[1], times[7]
+        else:
+            op, ops = _dict_codes(comm.column("name"))
+            nbytes = comm.column("bytes").to_numpy(zero_copy_only=False).astype(np.float64)
         grp, groups = _dict_codes(comm.column("group"))
-        nbytes = comm.column("bytes").to_numpy(zero_copy_only=False).astype(np.float64)
         known = ~np.isnan(nbytes)
         width = len(groups) + 1
         if len(op) and (op == op[0]).all() and (grp == grp[0]).all():     # one (op, group), the usual chunk
             key = np.array([(op[0] + 1) * width + grp[0] + 1])
             calls = np.array([len(op)])
-            # bincount's own sum (in row order), as for several keys
-            b_sum = np.bincount(np.zeros(len(op), np.intp), weights=np.where(known, nbytes, 0.0))
+            # bincount's own sum (in row order, from 0.0), as for several keys: a running sum's last
+            b_sum = np.array([np.cumsum(np.where(known, nbytes, 0.0))[-1] + 0.0])
             b_n = np.array([np.count_nonzero(known)])
         else:
             key, inv = int_codes((op + 1) * width + grp + 1)

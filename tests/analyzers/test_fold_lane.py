@@ -6,6 +6,8 @@ import threading
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commprof.analyzers import run
 from commprof.trace import parquet, schema
@@ -58,3 +60,28 @@ def test_folding_in_the_lane_gives_the_same_tables(tmp_path, monkeypatch):
     assert len(lane[2]) == 7 * 2 and len(lane[4]) == 3          # step 0 is the warm-up
     for a, b in zip(lane, here):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["all_reduce", "broadcast", None]), st.sampled_from(["0", "1", None]),
+                          st.one_of(st.none(), st.integers(0, 1 << 40))), min_size=1, max_size=30))
+def test_exact_counts_read_from_the_calls_times_are_the_same(rows):
+    """The exact calls and bytes per (op, group) taken with the op codes and
+    sizes the sweep already read (call_times) and from the columns again:
+    the same sums, bit for bit (one (op, group) or several, unknown sizes)."""
+    import pyarrow as pa
+
+    from commprof.analyzers.collectives import call_times
+
+    comm = pa.table({"name": pa.array([r[0] for r in rows]).dictionary_encode(),
+                     "group": pa.array([r[1] for r in rows]).dictionary_encode(),
+                     "source": pa.array(["gloo"] * len(rows)).dictionary_encode(),
+                     "bytes": pa.array([r[2] for r in rows], pa.int64()),
+                     "t_start": pa.array(range(len(rows)), pa.int64()),
+                     "t_end": pa.array(range(1, len(rows) + 1), pa.int64())})
+    a, b = run.CallCounts(), run.CallCounts()
+    a.add(comm)
+    b.add(comm, call_times(comm))
+    assert a.sums.keys() == b.sums.keys()
+    for k in a.sums:
+        assert [repr(x) for x in a.sums[k]] == [repr(x) for x in b.sums[k]]
