@@ -239,6 +239,8 @@ def test_algebra_one_row_a_cell_is_placed_as_the_sums_would_place_it(units, step
         unit, step = unit[keep], step[keep]
     if shape == "twice":
         unit, step = np.r_[unit, unit[:1]], np.r_[step, step[:1]]
+    if not len(unit):       # every row a gap: no matrix (the step tests run on some steps only)
+        return
     if shape != "in order":
         order = rng.permutation(len(unit))
         unit, step = unit[order], step[order]
