@@ -63,6 +63,78 @@ int commprof_pattern_sweep(const int64_t *starts, const int64_t *ends, const int
     return 0;
 }
 
+/* Per cover pattern of n_sets sets, the figures (of m) it adds to, bit j
+ * for figure j, from weights (2^n_sets rows of m values). Returns 0, or -1
+ * when n_sets or m is out of range or a weight is not 0 or 1. */
+static int weight_columns(int n_sets, const double *weights, int m, uint32_t *cols)
+{
+    if (n_sets < 0 || n_sets > 12 || m < 0 || m > 32)
+        return -1;
+    const int64_t n_pat = (int64_t)1 << n_sets;
+    for (int64_t p = 0; p < n_pat; p++) {
+        cols[p] = 0;
+        for (int j = 0; j < m; j++) {
+            double w = weights[p * m + j];
+            if (w == 1.0)
+                cols[p] |= (uint32_t)1 << j;
+            else if (w != 0.0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* The weighted sweep's merge of n intervals' starts and ends (order_s,
+ * order_e: each a stable argsort; starts first at one instant): after each
+ * boundary, the segment to the next instant is added to the figures
+ * (out[row * m ..], as cols gives them) of the window open then. An
+ * interval whose label is not 0..n_sets, or that does not end after it
+ * starts, is passed over (check_len: whether the caller's labels leave
+ * the second test to this merge). Windows are numbered on from row (the last one
+ * before these intervals; -1: none); win_rows, where given, gets each
+ * window's interval index plus base. Returns the last window's row, or -2
+ * when a window would pass n_win. */
+static inline int64_t merge_sweep(const int64_t *s, const int64_t *e, const int8_t *lab, int64_t n,
+                                  const int64_t *order_s, const int64_t *order_e, int n_sets, const uint32_t *cols,
+                                  int m, double *out, int64_t row, int64_t n_win, int64_t *win_rows, int64_t base,
+                                  int check_len)
+{
+    int64_t counts[64] = {0};
+    int64_t pattern = 0, a = 0, b = 0;
+    while (a < n || b < n) {
+        int start = a < n && (b >= n || s[order_s[a]] <= e[order_e[b]]);
+        int64_t j = start ? order_s[a++] : order_e[b++];
+        int64_t t = start ? s[j] : e[j];
+        if (lab[j] >= 0 && lab[j] <= n_sets && (!check_len || e[j] > s[j])) {
+            if (start && lab[j] == 0) {
+                if (row + 1 >= n_win)
+                    return -2;
+                if (win_rows)
+                    win_rows[row + 1] = base + j;
+            }
+            boundary(counts, &row, &pattern, lab[j], n_sets, start);
+        }
+        if ((a < n || b < n) && counts[0] > 0 && row >= 0) {
+            int64_t t2;
+            if (a < n && b < n) {
+                int64_t x = s[order_s[a]], y = e[order_e[b]];
+                t2 = x <= y ? x : y;
+            } else {
+                t2 = a < n ? s[order_s[a]] : e[order_e[b]];
+            }
+            if (t2 != t) {
+                double len = (double)(t2 - t);
+                double *o = out + row * m;
+                uint32_t c = cols[pattern];
+                for (int col = 0; c; col++, c >>= 1)
+                    if (c & 1)
+                        o[col] += len;
+            }
+        }
+    }
+    return row;
+}
+
 /* commprof_pattern_sweep's segments, each added at once to the m columns
  * of out[row * m ..] whose weight for its pattern is 1 (weights: 2^n_sets
  * rows of m values, each 0 or 1), instead of to a 2^n_sets-wide table then
@@ -80,48 +152,10 @@ int commprof_pattern_weighted(const int64_t *starts, const int64_t *ends, const 
                               const int64_t *order_s, const int64_t *order_e, int n_sets, const double *weights,
                               int m, double *out, int64_t n_win)
 {
-    int64_t counts[64] = {0};
-    int64_t row = -1, pattern = 0, a = 0, b = 0;
-    if (n_sets < 0 || n_sets > 12 || m < 0 || m > 32)
-        return -1;
-    const int64_t n_pat = (int64_t)1 << n_sets;
-    /* per pattern, the columns it adds to (bit j: column j) */
     uint32_t cols[1 << 12];
-    for (int64_t p = 0; p < n_pat; p++) {
-        cols[p] = 0;
-        for (int j = 0; j < m; j++) {
-            double w = weights[p * m + j];
-            if (w == 1.0)
-                cols[p] |= (uint32_t)1 << j;
-            else if (w != 0.0)
-                return -1;
-        }
-    }
-    while (a < n || b < n) {
-        int start = a < n && (b >= n || starts[order_s[a]] <= ends[order_e[b]]);
-        int64_t j = start ? order_s[a++] : order_e[b++];
-        int64_t t = start ? starts[j] : ends[j];
-        if (lab[j] >= 0 && lab[j] <= n_sets && ends[j] > starts[j])
-            boundary(counts, &row, &pattern, lab[j], n_sets, start);
-        if ((a < n || b < n) && counts[0] > 0 && row >= 0 && row < n_win) {
-            int64_t t2;
-            if (a < n && b < n) {
-                int64_t ts = starts[order_s[a]], te = ends[order_e[b]];
-                t2 = ts <= te ? ts : te;
-            } else {
-                t2 = a < n ? starts[order_s[a]] : ends[order_e[b]];
-            }
-            if (t2 != t) {
-                double len = (double)(t2 - t);
-                double *o = out + row * m;
-                uint32_t c = cols[pattern];
-                for (int col = 0; c; col++, c >>= 1)
-                    if (c & 1)
-                        o[col] += len;
-            }
-        }
-    }
-    return 0;
+    if (weight_columns(n_sets, weights, m, cols))
+        return -1;
+    return merge_sweep(starts, ends, lab, n, order_s, order_e, n_sets, cols, m, out, -1, n_win, 0, 0, 1) < -1 ? -1 : 0;
 }
 
 /* The per-instance reduction of the collectives (analyzers/collectives.py,
@@ -297,18 +331,30 @@ int64_t commprof_event_masks(int64_t n, const int64_t *rank, const int64_t *step
  * end sorts), by insertion: the order numpy's stable argsort gives. Returns
  * the number of places moved, or -1 once that passes max_moves (the caller
  * then sorts with numpy). */
+/* Row i of an insertion sort: order[0..i) holds rows 0..i-1 in key order
+ * (stable); row i goes after every row whose key is not greater. Returns
+ * the places moved, or -1 past room. */
+static inline int64_t insert_near(const int64_t *key, int64_t *order, int64_t i, int64_t room)
+{
+    int64_t k = key[i], j = i;
+    while (j > 0 && key[order[j - 1]] > k) {
+        order[j] = order[j - 1];
+        j--;
+        if (i - j > room)
+            return -1;
+    }
+    order[j] = i;
+    return i - j;
+}
+
 int64_t commprof_argsort_near(int64_t n, const int64_t *key, int64_t *order, int64_t max_moves)
 {
     int64_t moves = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t k = key[i], j = i;
-        while (j > 0 && key[order[j - 1]] > k) {
-            order[j] = order[j - 1];
-            j--;
-            if (++moves > max_moves)
-                return -1;
-        }
-        order[j] = i;
+        int64_t m = insert_near(key, order, i, max_moves - moves);
+        if (m < 0)
+            return -1;
+        moves += m;
     }
     return moves;
 }
@@ -339,20 +385,9 @@ int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t
                             int64_t *order_s, int64_t *order_e, int8_t *lab, double *out, int64_t *win_rows,
                             int64_t max_win, int64_t max_moves, int64_t max_span)
 {
-    if (n_sets < 0 || n_sets > 12 || m < 0 || m > 32)
-        return -1;
-    const int64_t n_pat = (int64_t)1 << n_sets;
     uint32_t cols[1 << 12];
-    for (int64_t p = 0; p < n_pat; p++) {
-        cols[p] = 0;
-        for (int j = 0; j < m; j++) {
-            double w = weights[p * m + j];
-            if (w == 1.0)
-                cols[p] |= (uint32_t)1 << j;
-            else if (w != 0.0)
-                return -1;
-        }
-    }
+    if (weight_columns(n_sets, weights, m, cols))
+        return -1;
     int64_t row = -1;
     for (int64_t r = 0; r < n_runs; r++) {
         int64_t lo = run_lo[r], n = run_hi[r] - lo;
@@ -380,56 +415,15 @@ int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t
             if (c == comm_code && blocking[lo + i])
                 f = blocking_label;
             lb[i] = (int8_t)(f >= 0 && f <= n_sets && e[i] > s[i] ? f : -1);
-            int64_t k = s[i], j = i;
-            while (j > 0 && s[order_s[j - 1]] > k) {
-                order_s[j] = order_s[j - 1];
-                j--;
-                if (++moves_s > budget)
-                    return -1;
-            }
-            order_s[j] = i;
-            k = e[i];
-            j = i;
-            while (j > 0 && e[order_e[j - 1]] > k) {
-                order_e[j] = order_e[j - 1];
-                j--;
-                if (++moves_e > budget)
-                    return -1;
-            }
-            order_e[j] = i;
+            int64_t ms = insert_near(s, order_s, i, budget - moves_s), me = insert_near(e, order_e, i, budget - moves_e);
+            if (ms < 0 || me < 0)
+                return -1;
+            moves_s += ms;
+            moves_e += me;
         }
-        int64_t counts[64] = {0};
-        int64_t pattern = 0, a = 0, b = 0;
-        while (a < n || b < n) {
-            int start = a < n && (b >= n || s[order_s[a]] <= e[order_e[b]]);
-            int64_t j = start ? order_s[a++] : order_e[b++];
-            int64_t t = start ? s[j] : e[j];
-            if (lb[j] >= 0) {
-                if (start && lb[j] == 0) {
-                    if (row + 1 >= max_win)
-                        return -1;
-                    win_rows[row + 1] = lo + j;
-                }
-                boundary(counts, &row, &pattern, lb[j], n_sets, start);
-            }
-            if ((a < n || b < n) && counts[0] > 0 && row >= 0) {
-                int64_t t2;
-                if (a < n && b < n) {
-                    int64_t x = s[order_s[a]], y = e[order_e[b]];
-                    t2 = x <= y ? x : y;
-                } else {
-                    t2 = a < n ? s[order_s[a]] : e[order_e[b]];
-                }
-                if (t2 != t) {
-                    double len = (double)(t2 - t);
-                    double *o = out + row * m;
-                    uint32_t cb = cols[pattern];
-                    for (int col = 0; cb; col++, cb >>= 1)
-                        if (cb & 1)
-                            o[col] += len;
-                }
-            }
-        }
+        row = merge_sweep(s, e, lb, n, order_s, order_e, n_sets, cols, m, out, row, max_win, win_rows, lo, 0);
+        if (row < -1)
+            return -1;
     }
     return row + 1;
 }
