@@ -90,7 +90,7 @@ def _codes(col, mapping) -> np.ndarray:
     (unknown values and nulls -> -1). Chunk by chunk, each through its own
     dictionary (no dictionaries unified, no chunks combined first)."""
     parts = []
-    for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
+    for c in _chunks_of(col):
         if not pa.types.is_dictionary(c.type):
             c = c.dictionary_encode()
         dictionary = c.dictionary.to_pylist()
@@ -109,7 +109,7 @@ def _bools(col) -> np.ndarray:
     validity bits chunk by chunk (no null filled in, no chunks combined
     first)."""
     parts = []
-    for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
+    for c in _chunks_of(col):
         if not pa.types.is_boolean(c.type):
             parts.append(_np(c, bool, fill=False))
             continue

@@ -29,8 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import breakdown, buckets, clocks, kernels, nodes, slowlinks, stragglers
-from .codes import int_codes
-from .collectives import CollectiveStats, _codes as _dict_codes, call_times
+from .collectives import CollectiveStats, _codes as _dict_codes, _sums_per_key, call_times
 from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline
 from ..trace.metadata import batch_size as infer_batch_size
@@ -515,17 +514,9 @@ class CallCounts:
         grp, groups = _dict_codes(comm.column("group"))
         known = ~np.isnan(nbytes)
         width = len(groups) + 1
-        if len(op) and (op == op[0]).all() and (grp == grp[0]).all():     # one (op, group), the usual chunk
-            key = np.array([(op[0] + 1) * width + grp[0] + 1])
-            calls = np.array([len(op)])
-            # bincount's own sum (in row order, from 0.0), as for several keys: a running sum's last
-            b_sum = np.array([np.cumsum(np.where(known, nbytes, 0.0))[-1] + 0.0])
-            b_n = np.array([np.count_nonzero(known)])
-        else:
-            key, inv = int_codes((op + 1) * width + grp + 1)
-            calls = np.bincount(inv, minlength=len(key))
-            b_sum = np.bincount(inv, weights=np.where(known, nbytes, 0.0), minlength=len(key))
-            b_n = np.bincount(inv, weights=known, minlength=len(key))
+        # per (op, group): calls, summed sizes and sizes known, each sum in row order from 0.0
+        key, b_sum, calls = _sums_per_key((op + 1) * width + grp + 1, np.where(known, nbytes, 0.0))
+        b_n = _sums_per_key((op + 1) * width + grp + 1, known.astype(np.float64))[1]
         names, gnames = ["nan"] + list(ops), ["nan"] + list(groups)       # a null as pandas prints it
         for k, c, s_, n in zip(key.tolist(), calls.tolist(), b_sum.tolist(), b_n.tolist()):
             acc = self.sums.setdefault((names[k // width], gnames[k % width]), [0, 0.0, 0])

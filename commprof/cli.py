@@ -304,12 +304,7 @@ def _two_malloc_arenas() -> None:
     share two instead (a 10 M-event report: about 10 % less resident
     memory at the same speed, benchmarks/results/report_speed/). Only this
     process: a launched job is a process of its own. Elsewhere a no-op."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-8, 2)     # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
+    _mallopt((-8, 2))       # M_ARENA_MAX
 
 
 def _keep_heap() -> None:
@@ -326,13 +321,17 @@ def _keep_heap() -> None:
     (:func:`entry`, not a caller of :func:`main`)."""
     if not _ENDS_WITH_COMMAND:
         return
+    _mallopt((-3, 32 << 20), (-1, 1 << 30), (-2, 64 << 20))     # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD
+
+
+def _mallopt(*settings) -> None:
+    """glibc's ``mallopt(param, value)`` for each pair; elsewhere a no-op."""
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 << 20)      # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1 << 30)       # M_TRIM_THRESHOLD
-        libc.mallopt(-2, 64 << 20)      # M_TOP_PAD
+        for param, value in settings:
+            libc.mallopt(param, value)
     except (OSError, AttributeError):
         pass
 
