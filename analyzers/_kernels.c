@@ -5,7 +5,8 @@
  * (analyzers/breakdown.py, _rank_keys), both at once for a chunk whose
  * ranks come in runs (breakdown.py, _step_sweep_compiled), the sweep's row masks
  * (analyzers/run.py, _event_masks), and the collectives' per-instance
- * reduction (analyzers/collectives.py, _reduce_instances). Built and loaded
+ * reduction (analyzers/collectives.py, _reduce_instances; of a chunk's
+ * rank runs without a sort, _reduce_runs). Built and loaded
  * by analyzers/native.py; the numpy paths are used where it cannot be. */
 #include <stdint.h>
 
@@ -249,6 +250,97 @@ int64_t commprof_reduce_instances(int64_t n, const int64_t *order, void **in, vo
         O64(F_DT_MAX_RANK)[k] = I64(F_DT_MAX_RANK)[a_dmax];
         k++;
         s = e;
+    }
+    return k;
+}
+
+/* commprof_reduce_instances of one chunk's raw calls (n = 1 each) where
+ * they come as runs of equal length whose keys are the same: rows r * k + i
+ * (r = 0..n/k-1) are instance i, and a stable sort by key would take them
+ * in that order (a merged trace's chunk: a few ranks, each in every
+ * instance, seq ascending). Key of row j: gid[j] << seq_bits | seq[j]. The
+ * raw fields: an op code (op and op_max), the issue ts (min_start and
+ * max_start), the completion te (summed as te - t_ref in float64), bytes
+ * (max and min), rank (the rank of every extreme), group size, source and
+ * dtype codes. The summed completions add up as numpy's reduceat does
+ * (the first value, then the rest summed from 0.0: pairwise summation adds
+ * fewer than 8 values one by one), so at most 8 runs. Writes k rows of the
+ * fields in collectives._INST_FIELDS order (out[f][0..k)), returns k, or
+ * -1 where the rows are not such runs (1 run, more than 8, keys not
+ * ascending in the first run or not the same in the others): the caller
+ * then sorts. */
+int64_t commprof_reduce_runs(int64_t n, const int64_t *gid, const int64_t *seq, int seq_bits, const int64_t *op,
+                             const int64_t *ts, const int64_t *te, int64_t t_ref, const double *nbytes,
+                             const int64_t *rank, const double *gsize, const int64_t *src, const int64_t *dt,
+                             void **out)
+{
+    if (n < 2)
+        return -1;
+    int64_t k = 1;
+    while (k < n && ((gid[k] << seq_bits) | seq[k]) > ((gid[k - 1] << seq_bits) | seq[k - 1]))
+        k++;
+    int64_t runs = n / k;
+    if (runs < 2 || runs > 8 || runs * k != n)
+        return -1;
+    for (int64_t r = 1; r < runs; r++)
+        for (int64_t i = 0; i < k; i++)
+            if (gid[r * k + i] != gid[i] || seq[r * k + i] != seq[i])
+                return -1;
+    for (int64_t i = 0; i < k; i++) {
+        int64_t j0 = i;
+        int64_t o_min = op[j0], o_max = op[j0], mn = ts[j0], top = ts[j0];
+        double bytes = nbytes[j0], low = nbytes[j0], gs = gsize[j0];
+        int64_t smin = src[j0], smax = src[j0], dmin = dt[j0], dmax = dt[j0];
+        double rest = -0.0;     /* as numpy's pairwise sum starts */
+        for (int64_t r = 1; r < runs; r++) {
+            int64_t j = r * k + i;
+            if (op[j] < o_min) o_min = op[j];
+            if (op[j] > o_max) o_max = op[j];
+            if (ts[j] < mn) mn = ts[j];
+            if (ts[j] > top) top = ts[j];
+            bytes = fmax_nan(bytes, nbytes[j]);
+            low = fmin_nan(low, nbytes[j]);
+            gs = fmax_nan(gs, gsize[j]);
+            if (src[j] < smin) smin = src[j];
+            if (src[j] > smax) smax = src[j];
+            if (dt[j] < dmin) dmin = dt[j];
+            if (dt[j] > dmax) dmax = dt[j];
+            rest += (double)(te[j] - t_ref);
+        }
+        int64_t last_rank = INT64_MIN, at_max = -1, at_min = -1, a_smin = -1, a_smax = -1, a_dmin = -1, a_dmax = -1;
+        for (int64_t r = 0; r < runs; r++) {
+            int64_t j = r * k + i;
+            if (ts[j] == top && rank[j] > last_rank) last_rank = rank[j];
+            if (nbytes[j] == bytes) at_max = j;
+            if (nbytes[j] == low) at_min = j;
+            if (src[j] == smin) a_smin = j;
+            if (src[j] == smax) a_smax = j;
+            if (dt[j] == dmin) a_dmin = j;
+            if (dt[j] == dmax) a_dmax = j;
+        }
+        if (at_max < 0) at_max = 0;     /* sorted row 0: the first run's first row */
+        if (at_min < 0) at_min = 0;
+        ((int64_t *)out[F_KEY])[i] = (gid[i] << seq_bits) | seq[i];
+        ((int64_t *)out[F_OP])[i] = o_min;
+        ((int64_t *)out[F_MIN_START])[i] = mn;
+        ((int64_t *)out[F_MAX_START])[i] = top;
+        ((double *)out[F_SUM_END])[i] = (double)(te[j0] - t_ref) + rest;
+        ((int64_t *)out[F_N])[i] = runs;
+        ((double *)out[F_BYTES])[i] = bytes;
+        ((int64_t *)out[F_LAST_RANK])[i] = last_rank;
+        ((int64_t *)out[F_OP_MAX])[i] = o_max;
+        ((double *)out[F_MIN_BYTES])[i] = low;
+        ((int64_t *)out[F_MIN_BYTES_RANK])[i] = rank[at_min];
+        ((int64_t *)out[F_MAX_BYTES_RANK])[i] = rank[at_max];
+        ((double *)out[F_GSIZE])[i] = gs;
+        ((int64_t *)out[F_SRC_MIN])[i] = smin;
+        ((int64_t *)out[F_SRC_MAX])[i] = smax;
+        ((int64_t *)out[F_SRC_MIN_RANK])[i] = rank[a_smin];
+        ((int64_t *)out[F_SRC_MAX_RANK])[i] = rank[a_smax];
+        ((int64_t *)out[F_DT_MIN])[i] = dmin;
+        ((int64_t *)out[F_DT_MAX])[i] = dmax;
+        ((int64_t *)out[F_DT_MIN_RANK])[i] = rank[a_dmin];
+        ((int64_t *)out[F_DT_MAX_RANK])[i] = rank[a_dmax];
     }
     return k;
 }

@@ -2,7 +2,7 @@
 numpy paths they replace: the same results bit for bit (the cover-pattern
 table on random intervals and on a synthetic DDP trace's per-step
 breakdown; its per-rank time lines on random events; the collectives'
-per-instance reduction on random partials);
+per-instance reduction on random partials, and of a chunk's rank runs);
 where they cannot be built the numpy paths run."""
 import os
 import shutil
@@ -178,6 +178,56 @@ def test_instance_reduction_kernel_equals_numpy(rows, rnd):
     for f in _INST_FIELDS:
         assert fast[f].dtype == slow[f].dtype, f
         assert np.array_equal(fast[f], slow[f], equal_nan=True), (f, fast[f], slow[f])
+
+
+run_rows = st.lists(st.tuples(
+    st.integers(0, 3),                                   # op code
+    st.integers(-5, 5),                                  # issue (a few values: ties)
+    st.sampled_from([0, 1, 3, 1 << 53, (1 << 60) + 7]),  # completion (past 2**53: sums that round)
+    st.one_of(st.just(float("nan")), st.sampled_from([0.0, 1024.0, 4096.0])),  # bytes
+    st.integers(0, 7),                                   # rank
+    st.one_of(st.just(float("nan")), st.sampled_from([2.0, 4.0])),  # group size
+    st.integers(-1, 2), st.integers(-1, 2),              # source and dtype codes
+), min_size=1, max_size=8)
+
+
+@needs_cc
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=12, unique=True),
+       st.integers(1, 9), st.data())
+def test_run_reduction_kernel_equals_the_sorted_reduction(keys, n_runs, data):
+    """Raw calls in runs of the same ascending keys (a chunk's ranks, each
+    in every instance), with ties in every extreme, NaN sizes and
+    completions whose sums round: the kernel's reduction without a sort is
+    the sorted one's, field by field and type for type; it gives way to
+    the sort past 8 runs, for one run and for runs whose keys differ."""
+    from commprof.analyzers.collectives import _INST_FIELDS, _SEQ_BITS, _reduce_instances, _reduce_runs
+
+    keys = sorted(keys)
+    rows = [data.draw(run_rows.filter(lambda r: len(r) >= len(keys)))[:len(keys)] for _ in range(n_runs)]
+    flat = [(g, q) + row for run in rows for (g, q), row in zip(keys, run)]
+    gid, seq, op, ts, te, nb, rank, gs, src, dt = (np.array(c) for c in zip(*flat))
+    gid, seq, op, ts, te, rank, src, dt = (np.asarray(v, np.int64) for v in (gid, seq, op, ts, te, rank, src, dt))
+    nb, gs = nb.astype(np.float64), gs.astype(np.float64)
+    t_ref = -3
+    raw = {"key": (gid << _SEQ_BITS) | seq, "op": op, "min_start": ts, "max_start": ts,
+           "sum_end": (te - t_ref).astype(np.float64), "n": np.ones(len(ts), np.int64), "bytes": nb,
+           "last_rank": rank, "op_max": op, "min_bytes": nb, "min_bytes_rank": rank, "max_bytes_rank": rank,
+           "gsize": gs, "src_min": src, "src_max": src, "src_min_rank": rank, "src_max_rank": rank,
+           "dt_min": dt, "dt_max": dt, "dt_min_rank": rank, "dt_max_rank": rank}
+    got = _reduce_runs(gid, seq, op, rank, ts, te, t_ref, nb, gs, src, dt)
+    if not 2 <= n_runs <= 8:
+        assert got is None
+        return
+    assert got is not None
+    want = both(_reduce_instances, raw)[1]     # the numpy path
+    for f in _INST_FIELDS:
+        assert got[f].dtype == want[f].dtype, f
+        assert np.array_equal(got[f], want[f], equal_nan=True), (f, got[f], want[f])
+    if len(keys) > 1:   # the runs' keys not the same: the sort's
+        g2 = gid.copy()
+        g2[-1] = g2[0] + 3
+        assert _reduce_runs(g2, seq, op, rank, ts, te, t_ref, nb, gs, src, dt) is None
 
 
 events_rows = st.lists(st.tuples(st.integers(-3, 9), st.integers(-10**6, 10**6), st.integers(-10**6, 10**6)),
