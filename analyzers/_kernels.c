@@ -268,7 +268,7 @@ int64_t commprof_reduce_instances(int64_t n, const int64_t *order, void **in, vo
  * fields in collectives._INST_FIELDS order (out[f][0..k)), returns k, or
  * -1 where the rows are not such runs (1 run, more than 8, keys not
  * ascending in the first run or not the same in the others): the caller
- * then sorts. */
+ * then sorts. With out NULL, only checks the rows and returns k. */
 int64_t commprof_reduce_runs(int64_t n, const int64_t *gid, const int64_t *seq, int seq_bits, const int64_t *op,
                              const int64_t *ts, const int64_t *te, int64_t t_ref, const double *nbytes,
                              const int64_t *rank, const double *gsize, const int64_t *src, const int64_t *dt,
@@ -286,6 +286,8 @@ int64_t commprof_reduce_runs(int64_t n, const int64_t *gid, const int64_t *seq, 
         for (int64_t i = 0; i < k; i++)
             if (gid[r * k + i] != gid[i] || seq[r * k + i] != seq[i])
                 return -1;
+    if (!out)
+        return k;
     for (int64_t i = 0; i < k; i++) {
         int64_t j0 = i;
         int64_t o_min = op[j0], o_max = op[j0], mn = ts[j0], top = ts[j0];

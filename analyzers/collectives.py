@@ -245,14 +245,14 @@ def _reduce_runs(gid, seq, oid, rank, ts, te, t_ref: int, nbytes, gsize, sid, di
     floats = [np.ascontiguousarray(v, np.float64) for v in (nbytes, gsize)]
     gid, seq, oid, ts, te, rank, sid, did = ints
     nbytes, gsize = floats
-    k = len(gid)
-    out = [np.empty(k, np.float64 if f in _INST_FLOATS else np.int64) for f in _INST_FIELDS]
-    ptrs = (ctypes.c_void_p * len(out))(*[v.ctypes.data for v in out])
-    got = fn(len(gid), gid.ctypes.data, seq.ctypes.data, _SEQ_BITS, oid.ctypes.data, ts.ctypes.data, te.ctypes.data,
-             t_ref, nbytes.ctypes.data, rank.ctypes.data, gsize.ctypes.data, sid.ctypes.data, did.ctypes.data, ptrs)
-    if got < 0:
+    args = (len(gid), gid.ctypes.data, seq.ctypes.data, _SEQ_BITS, oid.ctypes.data, ts.ctypes.data, te.ctypes.data,
+            t_ref, nbytes.ctypes.data, rank.ctypes.data, gsize.ctypes.data, sid.ctypes.data, did.ctypes.data)
+    k = fn(*args, None)     # the instances, counted first: the partials kept are as long as they are
+    if k < 0:
         return None
-    return {f: v[:got] for f, v in zip(_INST_FIELDS, out)}
+    out = [np.empty(k, np.float64 if f in _INST_FLOATS else np.int64) for f in _INST_FIELDS]
+    got = fn(*args, (ctypes.c_void_p * len(out))(*[v.ctypes.data for v in out]))
+    return dict(zip(_INST_FIELDS, out)) if got == k else None
 
 
 def _reduce_instances(a: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
