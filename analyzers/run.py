@@ -650,12 +650,14 @@ class _Clock:
 
 
 def _read_and_sweep(chunks: Iterable, sweep_one: Callable[[Any], ChunkRows], acc: _Accumulators,
-                    clock: _Clock) -> None:
+                    clock: _Clock, lane: "_Lane") -> None:
     """Two chunks in flight: numpy's sorts and scans release the GIL, so the
     sweep of one chunk runs beside the decoding of the next and the folds
-    of the one before, the collectives' fold in a lane of its own (10 M
-    events: 0.135 s less than folding them in this thread, 8 of 8 pairs,
-    benchmarks/results/report_speed/)."""
+    of the one before, the collectives' fold in ``lane``, a thread of its
+    own (10 M events: 0.135 s less than folding them in this thread, 8 of
+    8 pairs, benchmarks/results/report_speed/). Returns once every chunk is
+    swept and folded but the last chunk's collectives, which ``lane`` may
+    still be folding."""
     def work(chunk):
         c0 = time.thread_time()
         try:
@@ -664,7 +666,7 @@ def _read_and_sweep(chunks: Iterable, sweep_one: Callable[[Any], ChunkRows], acc
             clock.add("per-chunk sweep, CPU in the workers", time.thread_time() - c0)
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=2) as pool, _Lane() as lane:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         pending: deque = deque()
         it = iter(chunks)
         done = False
@@ -805,27 +807,31 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
     code = {d: i for i, d in enumerate(sorted(set(dom.values())))}
     acc = _Accumulators(multi_host, {r: code[d] for r, d in dom.items()}, reread)
     clock = _Clock()
-    _read_and_sweep(chunks, lambda chunk: sweep(chunk, warmup, multi_host), acc, clock)
-    _return_free_heap()
-    steps = acc.steps.finish()
-    # the hosts' clocks are aligned from all ranks' collectives before the
-    # cross-rank statistics (arrival skew) are folded
-    t0 = time.perf_counter()
-    cframe = acc.colls.aligned_frame()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # beside the alignment, in the order they are needed: the fine
-        # grain's rows (on the ranks' own clocks); the per-scope and
-        # per-link tables, which read the calls, not their clock offsets (a
-        # frame object of their own over the same arrays); the steps'
-        # straggler tests, where their matrices are small (at 100 M events
-        # they would not fit beside the per-host table in 2 GiB: they stay
-        # in the report)
+    with _Lane() as lane, ThreadPoolExecutor(max_workers=1) as pool:
+        _read_and_sweep(chunks, lambda chunk: sweep(chunk, warmup, multi_host), acc, clock, lane)
+        steps = acc.steps.finish()
+        # beside the rest, what needs no collectives, while the lane folds
+        # the last chunk's: the fine grain's rows (on the ranks' own
+        # clocks); the steps' straggler tests, where their matrices are
+        # small (at 100 M events they would not fit beside the per-host
+        # table in 2 GiB: they stay in the report)
         fine_rows = pool.submit(acc.fine.rows)
+        early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
+        t0 = time.perf_counter()
+        lane.wait()
+        clock.since("read and per-chunk sweep (wall)", t0)
+        _return_free_heap()
+        # the hosts' clocks are aligned from all ranks' collectives before the
+        # cross-rank statistics (arrival skew) are folded
+        t0 = time.perf_counter()
+        cframe = acc.colls.aligned_frame()
+        # beside the alignment: the per-scope and per-link tables, which
+        # read the calls, not their clock offsets (a frame object of their
+        # own over the same arrays)
         mine = cframe.copy(deep=False) if several and cframe is not None else None
         scopes = nodes.group_scope(cframe, hosts) if several else {}    # each group's scope, found once
         side = pool.submit(lambda: (nodes.scope_table(mine, hosts, scopes), slowlinks.group_speeds(mine, hosts))
                            if several else (pd.DataFrame(), pd.DataFrame()))
-        early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()
