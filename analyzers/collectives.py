@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ctypes
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -416,12 +416,13 @@ class Arrivals:
         self.first_ts = np.full(len(self.first_rank), np.iinfo(np.int64).max, np.int64)
         np.minimum.at(self.first_ts, inv, ts)
 
-    def add(self, key: np.ndarray, rank: np.ndarray, ts: np.ndarray, te: np.ndarray,
-            reduced: Optional[Tuple[Dict[str, np.ndarray], np.ndarray, Optional[int]]] = None) -> None:
-        """``reduced``: the same rows' per-instance partial, their distinct
-        ranks and the time its completions are summed from: used as it is
-        when those ranks are of one clock domain and that time is this
-        fold's first issue."""
+    def add(self, key: Union[np.ndarray, Callable[[], np.ndarray]], rank: np.ndarray, ts: np.ndarray,
+            te: np.ndarray, reduced: Optional[Tuple[Dict[str, np.ndarray], np.ndarray, Optional[int]]] = None) -> None:
+        """``key``: the rows' instance keys, or a function giving them (made
+        only where ``reduced`` cannot be used). ``reduced``: the same rows'
+        per-instance partial, their distinct ranks and the time its
+        completions are summed from: used as it is when those ranks are of
+        one clock domain and that time is this fold's first issue."""
         if self.t_raw is None:
             self.first(rank, ts)
         if reduced is not None and reduced[2] == self.t_raw:
@@ -433,6 +434,8 @@ class Arrivals:
                     "last_rank": part["last_rank"].astype(np.int32), "sum_end": part["sum_end"],
                     "n": part["n"].astype(np.int32)})
                 return
+        if callable(key):
+            key = key()
         dom = _per_rank(rank, self.domain, self.n_dom)
         te_rel = (te - self.t_raw).astype(np.float64)
         ones = np.ones(len(key), np.int32)
@@ -579,7 +582,11 @@ class CollectiveStats:
             return
         op_codes, ops, src_codes, srcs, t0, t1, _lat, nbytes, gsize = times or call_times(comm)
         rank = _num(comm, "rank", np.int64, 0)
-        off = _per_rank(rank, offsets) if offsets else np.zeros(1, np.int64)
+        if offsets:
+            off = _per_rank(rank, offsets)
+            ts, te = t0 + off, t1 + off
+        else:
+            ts, te = t0, t1
         g_codes, groups = _codes(comm.column("group"))
         gid = self._ids_of("group", groups, g_codes)
         oid = self._ids_of("op", ops, op_codes)
@@ -595,13 +602,13 @@ class CollectiveStats:
             return
         if ok.all():        # the usual case: no copies of every column for nothing
             ok = slice(None)
-        part, ranks = self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], (t0 + off)[ok], (t1 + off)[ok],
+        part, ranks = self._add_instances(gid[ok], seq[ok], oid[ok], rank[ok], ts[ok], te[ok],
                                           nbytes[ok], gsize[ok], sid[ok], did[ok])
         if self._arrivals is not None:      # clocks not aligned yet: arrivals kept per host
             # the rows of one host, on its own clock: their arrivals are the
             # instances' own earliest / latest issue, issuer and summed
             # completions, reduced once (the same rows, order and sums)
-            self._arrivals.add(((gid << _SEQ_BITS) | seq)[ok], rank[ok], t0[ok], t1[ok],
+            self._arrivals.add(lambda: ((gid << _SEQ_BITS) | seq)[ok], rank[ok], t0[ok], t1[ok],
                                reduced=None if offsets else (part, ranks, self._t_ref))
 
     def defer_alignment(self, domain: Dict[int, int]) -> None:
