@@ -1,7 +1,9 @@
 """commprof report decodes a trace file's first chunks while its analyzers
 are imported (trace.parquet.read_ahead): the reader then starts with them,
 the same chunks in the same order, the file read once; an error met ahead
-is raised where the reader would have met it."""
+is raised where the reader would have met it. The report runs without the
+cycle collector, with Arrow's threads on the cores its own leave, and
+gives both back."""
 import os
 import sys
 
@@ -128,6 +130,49 @@ def test_a_report_runs_without_the_cycle_collector_and_gives_it_back(tmp_path, c
         finally:
             gc.enable()
     assert len(seen) == (4 if content is None else 2) and not any(seen)
+
+
+@pytest.mark.parametrize("content", [None, b"PAR1 not a parquet file"])
+@pytest.mark.parametrize("cores, threads", [(2, 1), (1, 1), (6, 4)])
+def test_a_report_decodes_on_the_cores_its_own_threads_leave_and_gives_arrows_back(tmp_path, monkeypatch, content,
+                                                                                  cores, threads):
+    """Arrow's CPU threads while the report reads and builds its tables: the
+    cores this process may run on (its affinity) less the two its sweeps
+    and folds keep busy, at least one; a process that goes on, after a
+    report or a failed one, has Arrow's as they were."""
+    import pyarrow as pa
+
+    from commprof.analyzers import report as report_module
+    from commprof.cli import main
+
+    if content is None:
+        path = write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(4)})
+    else:
+        path = str(tmp_path / "trace.parquet")
+        (tmp_path / "trace.parquet").write_bytes(content)
+    seen = []
+    real, real_tables = parquet._iter_file_chunks, report_module.build_report
+
+    def spy(*a):
+        seen.append(pa.cpu_count())
+        return real(*a)
+
+    def tables_spy(*a, **k):
+        seen.append(pa.cpu_count())
+        return real_tables(*a, **k)
+
+    monkeypatch.setattr(parquet, "_iter_file_chunks", spy)
+    monkeypatch.setattr(report_module, "build_report", tables_spy)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    before = pa.cpu_count()
+    try:
+        pa.set_cpu_count(5)
+        rc = main(["report", path, "--format", "json", "-o", str(tmp_path / "r.json")])
+        assert rc == (0 if content is None else 2)
+        assert pa.cpu_count() == 5
+    finally:
+        pa.set_cpu_count(before)
+    assert len(seen) == (2 if content is None else 1) and seen == [threads] * len(seen)
 
 
 def test_glibcs_heap_is_kept_only_by_a_process_that_ends_with_the_report(tmp_path, monkeypatch):
