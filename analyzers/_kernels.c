@@ -6,7 +6,7 @@
  * ranks come in runs (breakdown.py, _step_sweep_compiled), the sweep's row masks
  * (analyzers/run.py, _event_masks), and the collectives' per-instance
  * reduction (analyzers/collectives.py, _reduce_instances; of a chunk's
- * rank runs without a sort, _reduce_runs). Built and loaded
+ * rank runs without a sort, _reduce_runs; sums per key, _sums_per_key). Built and loaded
  * by analyzers/native.py; the numpy paths are used where it cannot be. */
 #include <stdint.h>
 
@@ -252,6 +252,51 @@ int64_t commprof_reduce_instances(int64_t n, const int64_t *order, void **in, vo
         s = e;
     }
     return k;
+}
+
+/* Sums per key where each key's rows are one run and the runs come in
+ * ascending key order (a chunk's calls, rank by rank), as
+ * collectives._sums_per_key gives them: key[i] = a[i] * width + b[i] + add;
+ * the weight (double)(ti[i] - t_ref) where ti is given, else tf[i] (a NaN
+ * as 0, known[] then counting the rest); each run's weights added one by
+ * one in row order, then 0.0 added (as numpy's bincount, from 0.0, and a
+ * running sum give them). Writes up to cap runs (out_key, out_sum, out_n,
+ * out_known where given) and returns their number, or -1 where the runs'
+ * keys do not ascend or there are more than cap: the caller then sums
+ * with numpy. */
+int64_t commprof_run_sums(int64_t n, const int64_t *a, const int64_t *b, int64_t width, int64_t add,
+                          const int64_t *ti, int64_t t_ref, const double *tf, int64_t cap, int64_t *out_key,
+                          double *out_sum, int64_t *out_n, double *out_known)
+{
+    int64_t runs = 0, i = 0;
+    while (i < n) {
+        int64_t key = a[i] * width + b[i] + add;
+        if (runs == cap || (runs > 0 && key <= out_key[runs - 1]))
+            return -1;
+        double sum = 0.0, known = 0.0;
+        int64_t j = i;
+        for (; j < n && a[j] * width + b[j] + add == key; j++) {
+            double w;
+            if (ti) {
+                w = (double)(ti[j] - t_ref);
+            } else {
+                w = tf[j];
+                if (w != w)
+                    w = 0.0;
+                else
+                    known += 1.0;
+            }
+            sum = j == i ? w : sum + w;
+        }
+        out_key[runs] = key;
+        out_sum[runs] = sum + 0.0;
+        out_n[runs] = j - i;
+        if (out_known)
+            out_known[runs] = known;
+        runs++;
+        i = j;
+    }
+    return runs;
 }
 
 /* commprof_reduce_instances of one chunk's raw calls (n = 1 each) where

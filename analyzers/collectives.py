@@ -360,6 +360,33 @@ def _sums_per_key(key: np.ndarray, w: np.ndarray) -> Tuple[np.ndarray, np.ndarra
     return u, np.bincount(inv, weights=w), np.bincount(inv)
 
 
+def _run_sums(a: np.ndarray, b: np.ndarray, width: int, add: int, ints: Optional[np.ndarray] = None,
+              t_ref: int = 0, floats: Optional[np.ndarray] = None,
+              cap: int = 256) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_sums_per_key` of keys ``a * width + b + add`` and weights
+    ``ints - t_ref`` (as float64) or ``floats`` (a NaN as 0), by the compiled
+    kernel in one pass, no keys or weights made: (keys, sums, rows, the
+    rows of each key with a weight not NaN). None where the kernel is not
+    available, the keys' runs do not ascend or are more than ``cap``."""
+    from . import native
+
+    fn = native.kernel("commprof_run_sums")
+    if fn is None or not len(a):
+        return None
+    a, b = np.ascontiguousarray(a, np.int64), np.ascontiguousarray(b, np.int64)
+    ti = np.ascontiguousarray(ints, np.int64) if ints is not None else None
+    tf = np.ascontiguousarray(floats, np.float64) if ints is None and floats is not None else None
+    if ti is None and tf is None:
+        return None
+    keys, sums, rows, known = np.empty(cap, np.int64), np.empty(cap), np.empty(cap, np.int64), np.empty(cap)
+    got = fn(len(a), a.ctypes.data, b.ctypes.data, width, add, ti.ctypes.data if ti is not None else None, t_ref,
+             tf.ctypes.data if tf is not None else None, cap, keys.ctypes.data, sums.ctypes.data, rows.ctypes.data,
+             known.ctypes.data)
+    if got < 0:
+        return None
+    return keys[:got].copy(), sums[:got].copy(), rows[:got].copy(), known[:got].copy()
+
+
 def _combine_due(pending: int, combined: int) -> bool:
     """Whether partial aggregates are folded into the combined ones now: once
     the pending rows are as many as the combined ones (not more: the last of
@@ -695,7 +722,9 @@ class CollectiveStats:
             self._combine()
         # per (rank, group): summed issue times and calls, for mean lateness
         width = int(gid.max()) + 1 if len(gid) else 1
-        u, sums, counts = _sums_per_key(rank * width + gid, (ts - self._t_ref).astype(np.float64))
+        got = _run_sums(rank, gid, width, 0, ints=ts, t_ref=self._t_ref)
+        u, sums, counts = got[:3] if got is not None else \
+            _sums_per_key(rank * width + gid, (ts - self._t_ref).astype(np.float64))
         for k, s_, c_ in zip(u.tolist(), sums.tolist(), counts.tolist()):
             acc = self._rank_sums.setdefault((k // width, k % width), [0.0, 0])
             acc[0] += s_

@@ -93,6 +93,8 @@ SIGNATURES = {
     "commprof_event_masks": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int, _P, ctypes.c_int,
                               ctypes.c_int64, ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
     "commprof_reduce_instances": ([ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
+    "commprof_run_sums": ([ctypes.c_int64, _P, _P, ctypes.c_int64, ctypes.c_int64, _P, ctypes.c_int64, _P,
+                           ctypes.c_int64, _P, _P, _P, _P], ctypes.c_int64),
     "commprof_reduce_runs": ([ctypes.c_int64, _P, _P, ctypes.c_int, _P, _P, _P, ctypes.c_int64, _P, _P, _P, _P, _P,
                               _P], ctypes.c_int64),
     "commprof_rank_lines": ([ctypes.c_int64, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P],

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import breakdown, buckets, clocks, kernels, nodes, slowlinks, stragglers
-from .collectives import CollectiveStats, _codes as _dict_codes, _sums_per_key, call_times
+from .collectives import CollectiveStats, _codes as _dict_codes, _run_sums, _sums_per_key, call_times
 from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline
 from ..trace.metadata import batch_size as infer_batch_size
@@ -512,11 +512,15 @@ class CallCounts:
             op, ops = _dict_codes(comm.column("name"))
             nbytes = comm.column("bytes").to_numpy(zero_copy_only=False).astype(np.float64)
         grp, groups = _dict_codes(comm.column("group"))
-        known = ~np.isnan(nbytes)
         width = len(groups) + 1
         # per (op, group): calls, summed sizes and sizes known, each sum in row order from 0.0
-        key, b_sum, calls = _sums_per_key((op + 1) * width + grp + 1, np.where(known, nbytes, 0.0))
-        b_n = _sums_per_key((op + 1) * width + grp + 1, known.astype(np.float64))[1]
+        got = _run_sums(op, grp, width, width + 1, floats=nbytes)
+        if got is not None:
+            key, b_sum, calls, b_n = got
+        else:
+            known = ~np.isnan(nbytes)
+            key, b_sum, calls = _sums_per_key((op + 1) * width + grp + 1, np.where(known, nbytes, 0.0))
+            b_n = _sums_per_key((op + 1) * width + grp + 1, known.astype(np.float64))[1]
         names, gnames = ["nan"] + list(ops), ["nan"] + list(groups)       # a null as pandas prints it
         for k, c, s_, n in zip(key.tolist(), calls.tolist(), b_sum.tolist(), b_n.tolist()):
             acc = self.sums.setdefault((names[k // width], gnames[k % width]), [0, 0.0, 0])

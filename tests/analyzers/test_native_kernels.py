@@ -2,7 +2,8 @@
 numpy paths they replace: the same results bit for bit (the cover-pattern
 table on random intervals and on a synthetic DDP trace's per-step
 breakdown; its per-rank time lines on random events; the collectives'
-per-instance reduction on random partials, and of a chunk's rank runs);
+per-instance reduction on random partials, and of a chunk's rank runs;
+sums per key);
 where they cannot be built the numpy paths run."""
 import os
 import shutil
@@ -178,6 +179,40 @@ def test_instance_reduction_kernel_equals_numpy(rows, rnd):
     for f in _INST_FIELDS:
         assert fast[f].dtype == slow[f].dtype, f
         assert np.array_equal(fast[f], slow[f], equal_nan=True), (f, fast[f], slow[f])
+
+
+@needs_cc
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-1, 2), st.sampled_from([0, 1, 5, (1 << 53) + 1, -7]),
+                          st.sampled_from([0.0, -0.0, 1.5, 3e9, -2.25, np.nan, 1e-300, np.inf])), max_size=40),
+       st.booleans(), st.booleans())
+def test_run_sums_kernel_equals_the_sums_per_key(rows, by_key, ints):
+    """Sums per key (a * width + b + add) of integer times less a reference
+    or of sizes (NaN as 0, the others counted): the kernel's, where the
+    keys' runs ascend, are :func:`_sums_per_key`'s bit for bit (zeros' signs,
+    sums that round); elsewhere it gives way."""
+    from commprof.analyzers.collectives import _run_sums, _sums_per_key
+
+    if by_key:
+        rows = sorted(rows, key=lambda r: (r[0], r[1]))
+    a = np.array([r[0] for r in rows], np.int64)
+    b = np.array([r[1] for r in rows], np.int64)
+    t = np.array([r[2] for r in rows], np.int64)
+    f = np.array([r[3] for r in rows], np.float64)
+    width, add = 4, 5
+    key = a * width + b + add
+    got = _run_sums(a, b, width, add, ints=t, t_ref=3) if ints else _run_sums(a, b, width, add, floats=f)
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
+    if not len(rows) or not np.all(np.diff(key[first]) > 0):
+        assert got is None
+        return
+    assert got is not None
+    w = (t - 3).astype(np.float64) if ints else np.where(np.isnan(f), 0.0, f)
+    u, sums, counts = _sums_per_key(key, w)
+    assert got[0].tolist() == u.tolist() and got[2].tolist() == counts.tolist()
+    assert got[1].tobytes() == sums.tobytes()
+    if not ints:
+        assert got[3].tobytes() == _sums_per_key(key, (~np.isnan(f)).astype(np.float64))[1].tobytes()
 
 
 run_rows = st.lists(st.tuples(
