@@ -233,7 +233,7 @@ def step_arrays(ev: Events) -> Optional[Dict[str, np.ndarray]]:
         figures = np.zeros((n_steps, len(_FIGURES)))
         figures[np.searchsorted(at, windows)] = per_window
     rank, t_end = ev.rank[at].astype(np.int64, copy=False), ev.t_end[at]
-    t_start, step, items = ev.t_start[at], ev.step[at], ev.items[at]
+    t_start, step, items = ev.t_start[at], ev.step[at], ev.items_at(at)
     if not _by_rank_then_end(rank, t_end):  # by rank, then end (stable): the columns taken in that order once
         order = np.lexsort((t_end, rank))
         rank, step, t_start, t_end, items, figures = (a[order] for a in (rank, step, t_start, t_end, items, figures))

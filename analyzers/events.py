@@ -182,7 +182,15 @@ class Events:
     t_start: np.ndarray
     t_end: np.ndarray
     blocking: np.ndarray
-    items: np.ndarray  # float, NaN where missing
+
+    def items_at(self, rows: np.ndarray) -> np.ndarray:
+        """The items (samples of a step) of the rows ``rows`` as float64, NaN
+        where missing: only those rows converted (the steps', a tenth of a
+        chunk)."""
+        col = self.column("items")
+        if col is None or not len(rows) or pa.types.is_null(col.type):
+            return np.full(len(rows), np.nan)
+        return _floats(col.take(rows))
 
     @classmethod
     def of(cls, data) -> "Events":
@@ -194,10 +202,6 @@ class Events:
         n = data.num_rows
         blocking = (_bools(data.column("blocking")) if "blocking" in data.column_names
                     else np.zeros(n, bool))
-        if "items" in data.column_names and n and not pa.types.is_null(data.column("items").type):
-            items = _floats(data.column("items"))
-        else:
-            items = np.full(n, np.nan)
         rank = _ints(data.column("rank"), np.int64)
         step = _ints(data.column("step"), np.int64)
         cat = _codes(data.column("category"), CAT_CODES)
@@ -207,7 +211,7 @@ class Events:
         if dev is not None:
             t_start, t_end = _device_view(data, rank, step, cat, t_start, t_end, *dev)
         return cls(table=data, rank=rank, step=step, cat=cat, t_start=t_start, t_end=t_end,
-                   blocking=blocking, items=items)
+                   blocking=blocking)
 
     def __len__(self) -> int:
         return len(self.rank)

@@ -70,6 +70,28 @@ def test_floats_are_arrows_with_null_as_nan(parts, offsets, typ):
     assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(numbers, min_size=1, max_size=4), st.lists(st.integers(0, 11), min_size=4, max_size=4),
+       st.sampled_from([pa.int64(), pa.float64(), pa.null()]), st.data())
+def test_items_of_some_rows_are_those_rows_of_the_whole_column(parts, offsets, typ, data):
+    """A step's items read at its rows only: the values of the whole column
+    converted, at those rows (a null, or no column at all, as NaN)."""
+    from commprof.analyzers.events import Events
+
+    if pa.types.is_null(typ):
+        parts = [[None] * len(p) for p in parts]
+    col = _chunked(parts, offsets, typ)
+    n = len(col)
+    rows = np.array(sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))) if n else [], np.int64)
+    table = pa.table({"rank": pa.array([0] * n, pa.int32()), "step": pa.array([0] * n, pa.int32()),
+                      "category": pa.array(["step"] * n), "t_start": pa.array([0] * n, pa.int64()),
+                      "t_end": pa.array([1] * n, pa.int64()), "items": col})
+    want = np.full(len(rows), np.nan) if pa.types.is_null(typ) else _floats(col)[rows]
+    got = Events.of(table).items_at(rows)
+    assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+    assert np.isnan(Events.of(table.drop_columns(["items"])).items_at(rows)).all()
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(-2**31, 2**31 - 1), max_size=20), min_size=1, max_size=4),
        st.lists(st.integers(0, 11), min_size=4, max_size=4))
