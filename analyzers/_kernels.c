@@ -536,19 +536,12 @@ int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t
         int8_t *lb = lab + lo;
         int64_t moves_s = 0, moves_e = 0, budget = max_moves * n;
         int64_t first = s[0] < e[0] ? s[0] : e[0], last = s[0] < e[0] ? e[0] : s[0];
-        for (int64_t i = 0; i < n; i++) {
-            if (s[i] < first)
-                first = s[i];
-            if (e[i] < first)
-                first = e[i];
-            if (s[i] > last)
-                last = s[i];
-            if (e[i] > last)
-                last = e[i];
-        }
-        if ((uint64_t)last - (uint64_t)first >= (uint64_t)max_span)
-            return -1;
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < n; i++) {     /* the run's span found in the same pass (checked before the merge) */
+            int64_t lo_t = s[i] < e[i] ? s[i] : e[i], hi_t = s[i] < e[i] ? e[i] : s[i];
+            if (lo_t < first)
+                first = lo_t;
+            if (hi_t > last)
+                last = hi_t;
             int c = cat[lo + i];
             int f = c >= 0 && c < n_lut ? label_of_cat[c] : label_of_cat[n_lut];
             if (c == comm_code && blocking[lo + i])
@@ -560,6 +553,8 @@ int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t
             moves_s += ms;
             moves_e += me;
         }
+        if ((uint64_t)last - (uint64_t)first >= (uint64_t)max_span)
+            return -1;
         row = merge_sweep(s, e, lb, n, order_s, order_e, n_sets, cols, m, out, row, max_win, win_rows, lo, 0);
         if (row < -1)
             return -1;
