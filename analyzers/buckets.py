@@ -423,6 +423,26 @@ def update_delays(phases: pd.DataFrame) -> pd.DataFrame:
         "idle_ms_p50": float(idle.median())}], columns=UPDATE_COLUMNS)
 
 
+def run_tables(phases: pd.DataFrame, grads: pd.DataFrame, n_ranks: int, ddp_buckets=None) -> dict:
+    """One run's fine-grain tables: its update delays (None without
+    phases), bucket table (None without gradients' collectives), critical
+    paths and gate table (None on one rank). Computed beside the rest of
+    the analysis (analyzers/run.py) or by the report where a run lacks
+    them."""
+    out: dict = {"updates": None, "buckets": None, "paths": None, "gates": None}
+    if phases is None or phases.empty:
+        return out
+    out["updates"] = update_delays(phases)
+    if grads is None or grads.empty:
+        return out
+    complete = complete_instances(grads, n_ranks)       # read by both, found once
+    out["buckets"] = bucket_table(phases, grads, n_ranks, ddp_buckets, complete=complete)
+    if n_ranks > 1:
+        out["paths"] = critical_paths(phases, grads, n_ranks, complete=complete)
+        out["gates"] = gate_table(out["paths"], out["buckets"])
+    return out
+
+
 def gantt(phases: pd.DataFrame, grads: pd.DataFrame, steps: int = 3, ranks: int = 4) -> pd.DataFrame:
     """Bars for a per-bucket Gantt of a few steps of a few ranks: rank,
     lane (backward / bucket k), start_ms, dur_ms, name (times relative to

@@ -420,24 +420,20 @@ def fine_grain(runs) -> dict:
     biggest = None
     for key, members in scaling.run_groups(runs).items():
         r = members[0]
-        ph, gr = r.fine_phases, r.fine_grads
-        if ph is None or ph.empty:
+        t = r.fine_tables if r.fine_tables is not None else \
+            bk.run_tables(r.fine_phases, r.fine_grads, r.world_size, r.meta.get("ddp_buckets"))
+        if t["updates"] is None:
             continue
-        up = bk.update_delays(ph)
-        if len(up):
-            ut[key] = up
-        if gr is None or gr.empty:
+        if len(t["updates"]):
+            ut[key] = t["updates"]
+        b = t["buckets"]
+        if b is None:
             continue
-        complete = bk.complete_instances(gr, r.world_size)       # read by both, found once
-        b = bk.bucket_table(ph, gr, r.world_size, r.meta.get("ddp_buckets"), complete=complete)
         if len(b):
             bt[key] = b
-        if r.world_size > 1:
-            paths = bk.critical_paths(ph, gr, r.world_size, complete=complete)
-            gates = bk.gate_table(paths, b)
-            if len(gates):
-                gt[key] = gates
-                rows.append(_gate_finding(key, r.world_size, paths, b, ph))
+        if t["gates"] is not None and len(t["gates"]):
+            gt[key] = t["gates"]
+            rows.append(_gate_finding(key, r.world_size, t["paths"], b, r.fine_phases))
         if biggest is None or r.world_size > biggest.world_size:
             biggest = r
     if biggest is not None:

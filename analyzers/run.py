@@ -81,6 +81,9 @@ class RunAnalysis:
     #: what the breakdown table reads of the steps (breakdown.step_figures),
     #: computed beside the clock alignment; None: in the report
     step_figures: Optional[dict] = None
+    #: the fine grain's tables (buckets.run_tables), computed beside the
+    #: per-host table; None: in the report
+    fine_tables: Optional[dict] = None
 
     @property
     def n_steps(self) -> int:
@@ -843,6 +846,10 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         fine_phases, fine_grads = acc.fine.finish(offsets, fine_rows.result())
         clock.since("collectives and fine grain folded" + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
         meta = _run_meta(meta, rank_metas, steps, batch_size)
+        # the fine grain's tables, beside the per-host table (they were the
+        # report's single-threaded end: 10 M events, ~0.08 s)
+        fine = pool.submit(buckets.run_tables, fine_phases, fine_grads, int(meta.get("world_size") or 1),
+                           meta.get("ddp_buckets"))
         t0 = time.perf_counter()
         per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe, scopes if several else None)
         _return_free_heap()
@@ -860,7 +867,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
             scope = nodes.with_counts(scope, counts, hosts, cframe, scopes)
             links = slowlinks.with_counts(links, counts)
         step_stragglers = early.result() if early is not None else None
-        beside = "steps' straggler tests (built beside; waited for)"
+        fine_tables = fine.result()
+        beside = "steps' straggler tests, fine-grain tables (built beside; waited for)"
         clock.since(("scope and link tables, " if several else "") + beside, t0)
     return RunAnalysis(
         label=config_label(meta, group_by), meta=meta, world_size=int(meta.get("world_size") or 1),
@@ -870,4 +878,4 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         clocks=clock_table, offsets=offsets, hosts=hosts, nodes=per_host, scope=scope, links=links,
         fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent,
         comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls), step_stragglers=step_stragglers,
-        step_figures=step_figures)
+        step_figures=step_figures, fine_tables=fine_tables)

@@ -76,6 +76,23 @@ def test_the_report_says_which_bucket_gates(late, tmp_path):
     assert "rank 1 waits for its data" in row["advice"]
 
 
+def test_the_fine_grain_tables_built_beside_the_analysis_are_the_reports_own(late):
+    """The analysis builds each run's fine-grain tables beside its per-host
+    table; the report's tables from them are those it builds itself from
+    the same rows (a run without them)."""
+    import dataclasses
+
+    from commprof.analyzers import report
+
+    assert late.fine_tables is not None and late.fine_tables["gates"] is not None
+    want = bk.run_tables(late.fine_phases, late.fine_grads, late.world_size, late.meta.get("ddp_buckets"))
+    for k in ("updates", "buckets", "paths", "gates"):
+        assert late.fine_tables[k].equals(want[k]), k
+    built, own = report.fine_grain([late]), report.fine_grain([dataclasses.replace(late, fine_tables=None)])
+    for k in ("buckets", "gates", "updates", "findings", "gantt"):
+        assert built[k].equals(own[k]), k
+
+
 def test_a_fast_network_puts_the_late_rank_on_the_path(tmp_path):
     """Tiny buckets on a fast network: nothing queues; the last bucket
     (ready when each backward ends) waits for the late rank — rank 0 here."""
