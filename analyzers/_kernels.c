@@ -308,7 +308,7 @@ int64_t commprof_run_sums(int64_t n, const int64_t *a, const int64_t *b, int64_t
  * max_start), the completion te (summed as te - t_ref in float64), bytes
  * (max and min), rank (the rank of every extreme), group size, source and
  * dtype codes. The summed completions add up as numpy's reduceat does
- * (the first value, then the rest summed from 0.0: pairwise summation adds
+ * (the first value, then the rest summed from -0.0: pairwise summation adds
  * fewer than 8 values one by one), so at most 8 runs. Writes k rows of the
  * fields in collectives._INST_FIELDS order (out[f][0..k)), returns k, or
  * -1 where the rows are not such runs (1 run, more than 8, keys not
