@@ -241,10 +241,9 @@ def _reduce_runs(gid, seq, oid, rank, ts, te, t_ref: int, nbytes, gsize, sid, di
     fn = native.kernel("commprof_reduce_runs")
     if fn is None or len(gid) < 2:
         return None
-    ints = [np.ascontiguousarray(v, np.int64) for v in (gid, seq, oid, ts, te, rank, sid, did)]
-    floats = [np.ascontiguousarray(v, np.float64) for v in (nbytes, gsize)]
-    gid, seq, oid, ts, te, rank, sid, did = ints
-    nbytes, gsize = floats
+    gid, seq, oid, ts, te, rank, sid, did = (np.ascontiguousarray(v, np.int64)
+                                             for v in (gid, seq, oid, ts, te, rank, sid, did))
+    nbytes, gsize = (np.ascontiguousarray(v, np.float64) for v in (nbytes, gsize))
     args = (len(gid), gid.ctypes.data, seq.ctypes.data, _SEQ_BITS, oid.ctypes.data, ts.ctypes.data, te.ctypes.data,
             t_ref, nbytes.ctypes.data, rank.ctypes.data, gsize.ctypes.data, sid.ctypes.data, did.ctypes.data)
     k = fn(*args, None)     # the instances, counted first: the partials kept are as long as they are

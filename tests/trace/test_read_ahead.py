@@ -91,6 +91,33 @@ def test_a_report_that_fails_leaves_nothing_read_ahead(tmp_path, content):
     assert set(parquet._AHEAD) == before and not (tmp_path / "r.json").exists()
 
 
+def _trace_or_bad_file(tmp_path, content):
+    """A 4-rank trace file (``content`` None) or a file holding ``content``."""
+    if content is None:
+        return write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(4)})
+    (tmp_path / "trace.parquet").write_bytes(content)
+    return str(tmp_path / "trace.parquet")
+
+
+def _watch(mp, probe, seen):
+    """``probe()`` appended to ``seen`` where the report starts reading its
+    chunks and where it builds its tables (late, on the main thread)."""
+    from commprof.analyzers import report as report_module
+
+    real, real_tables = parquet._iter_file_chunks, report_module.build_report
+
+    def spy(*a):
+        seen.append(probe())
+        return real(*a)
+
+    def tables_spy(*a, **k):
+        seen.append(probe())
+        return real_tables(*a, **k)
+
+    mp.setattr(parquet, "_iter_file_chunks", spy)
+    mp.setattr(report_module, "build_report", tables_spy)
+
+
 @pytest.mark.parametrize("content", [None, b"PAR1 not a parquet file"])
 def test_a_report_runs_without_the_cycle_collector_and_gives_it_back(tmp_path, content):
     """The report runs with Python's cycle collector off (it stops every
@@ -100,30 +127,13 @@ def test_a_report_runs_without_the_cycle_collector_and_gives_it_back(tmp_path, c
 
     from commprof.cli import main
 
-    if content is None:
-        path = write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(4)})
-    else:
-        path = str(tmp_path / "trace.parquet")
-        (tmp_path / "trace.parquet").write_bytes(content)
-    from commprof.analyzers import report as report_module
-
-    seen = []
-    real, real_tables = parquet._iter_file_chunks, report_module.build_report
-
-    def spy(*a):
-        seen.append(gc.isenabled())
-        return real(*a)
-
-    def tables_spy(*a, **k):        # late in the analysis, on the main thread
-        seen.append(gc.isenabled())
-        return real_tables(*a, **k)
-
+    path = _trace_or_bad_file(tmp_path, content)
+    seen: list = []
     for on in (True, False):
         (gc.enable if on else gc.disable)()
         try:
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(parquet, "_iter_file_chunks", spy)
-                mp.setattr(report_module, "build_report", tables_spy)
+                _watch(mp, gc.isenabled, seen)
                 rc = main(["report", path, "--format", "json", "-o", str(tmp_path / "r.json")])
             assert rc == (0 if content is None else 2)
             assert gc.isenabled() == on
@@ -142,27 +152,11 @@ def test_a_report_decodes_on_the_cores_its_own_threads_leave_and_gives_arrows_ba
     report or a failed one, has Arrow's as they were."""
     import pyarrow as pa
 
-    from commprof.analyzers import report as report_module
     from commprof.cli import main
 
-    if content is None:
-        path = write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(4)})
-    else:
-        path = str(tmp_path / "trace.parquet")
-        (tmp_path / "trace.parquet").write_bytes(content)
-    seen = []
-    real, real_tables = parquet._iter_file_chunks, report_module.build_report
-
-    def spy(*a):
-        seen.append(pa.cpu_count())
-        return real(*a)
-
-    def tables_spy(*a, **k):
-        seen.append(pa.cpu_count())
-        return real_tables(*a, **k)
-
-    monkeypatch.setattr(parquet, "_iter_file_chunks", spy)
-    monkeypatch.setattr(report_module, "build_report", tables_spy)
+    path = _trace_or_bad_file(tmp_path, content)
+    seen: list = []
+    _watch(monkeypatch, pa.cpu_count, seen)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     before = pa.cpu_count()
     try:
