@@ -27,6 +27,21 @@ def venv_env(extra=None):
     return env
 
 
+#: the lines of a crashed process's stderr that say why (faulthandler's
+#: stacks, C++'s terminate, gloo's and c10's errors)
+_CRASH = re.compile(r"Fatal Python error|terminate called|what\(\)|Thread 0x|Current thread|^\s+File \"|"
+                    r"EnforceNotMet|c10::Error|Segmentation fault|Aborted")
+
+
+def why_failed(proc, tail=2000):
+    """A failed process's stderr for an assertion: the lines that say why
+    it crashed, wherever they are (a torchrun job's summary pushes them far
+    from the end), then its last ``tail`` characters."""
+    err = proc.stderr or ""
+    crash = [line for line in err.splitlines() if _CRASH.search(line)][:60]
+    return ("\n".join(crash) + "\n...\n" if crash else "") + err[-tail:]
+
+
 def commprof_cmd(*args):
     return [sys.executable, "-m", "commprof", *args]
 

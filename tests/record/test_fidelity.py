@@ -7,7 +7,7 @@ import pytest
 
 from commprof import assemble
 from commprof.api import analyze
-from helpers import TINY
+from helpers import TINY, why_failed
 
 pytestmark = pytest.mark.slow  # launches training processes
 
@@ -77,10 +77,10 @@ def test_three_ranks_train_bit_identically_on_both_ddp_paths(record, tmp_path):
     allreduce_hook, which divides, changed the last bits here)."""
     cmd = ["torchrun", "--standalone", "--nproc_per_node=3", TINY, "--result-dir", "{res}", "--steps", "6"]
     plain, plain_res = _plain(cmd, tmp_path, "plain")
-    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert plain.returncode == 0, why_failed(plain)
     for timing, hook in (("auto", ""), ("comm-hook", "allreduce_like_the_reducer")):
         proc, out = record(cmd, "--ddp-timing", timing)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.returncode == 0, why_failed(proc)
         for r in range(3):
             assert proc.results[r]["params_sha256"] == plain_res[r]["params_sha256"], (timing, r)
             assert proc.results[r]["losses"] == plain_res[r]["losses"], (timing, r)
