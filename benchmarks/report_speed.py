@@ -40,16 +40,26 @@ from commprof.assemble import merge  # noqa: E402
 from synth import write  # noqa: E402
 
 EVENTS_PER_STEP = 11
-#: three scans in one process; prints each one's seconds
+#: three scans in one process; prints each one's seconds, then the MiB of
+#: the first one's table held in transparent huge pages (-1: not known)
 WARM_SCAN = """
 import ast, sys, time
 import pyarrow.parquet as pq
 cols = ast.literal_eval(sys.argv[2])
-for _ in range(3):
+huge = -1
+for i in range(3):
     t0 = time.perf_counter()
     table = pq.read_table(sys.argv[1], columns=cols)
+    t = time.perf_counter() - t0
+    if i == 0:
+        try:
+            with open("/proc/self/smaps_rollup") as fh:
+                huge = next(int(line.split()[1]) // 1024 for line in fh if line.startswith("AnonHugePages:"))
+        except (OSError, StopIteration, ValueError):
+            pass
     del table
-    print(time.perf_counter() - t0)
+    print(t)
+print(huge)
 """
 
 
@@ -95,13 +105,13 @@ def main():
     s_peak, r_peak = max(m for _, m in scans), max(m for _, m in runs)
     warm = subprocess.run([sys.executable, "-c", WARM_SCAN, path, repr(REPORT_COLUMNS)], check=True,
                           capture_output=True, text=True).stdout.split()
-    warm = [float(w) for w in warm]
+    warm, huge = [float(w) for w in warm[:-1]], int(warm[-1])
     print(f"| {n:,} events ({args.ranks} ranks x {steps:,} steps, {size / 1e6:.0f} MB) "
           f"| {s_best:.2f} s, {s_peak:.0f} MiB | {r_best:.2f} s, {r_peak:.0f} MiB | x{r_best / s_best:.1f} "
           f"| {min(warm):.2f} s |")
     # each report against the scan run just before it: the scan's own time
-    # varies by x1.8 between hours on a VM (fresh memory: page faults), so
-    # the pairs' ratios say how much of a best-vs-best ratio is the scan's luck
+    # varies by x1.8 and more on a VM (its huge pages: below), so the pairs'
+    # ratios say how much of a best-vs-best ratio is the scan's luck
     ratios = sorted(r / s for (s, _), (r, _) in zip(scans, runs))
     print(f"pairs (report / the scan just before it), {len(ratios)}: median x{statistics.median(ratios):.2f}, "
           f"range x{ratios[0]:.2f}-x{ratios[-1]:.2f}; scans {min(w for w, _ in scans):.2f}-"
@@ -110,6 +120,13 @@ def main():
     # memory, what moves its wall time from hour to hour
     for name, cpu in (("scan", scan_cpu), ("report", run_cpu)):
         print(f"{name} CPU, user + system (s): " + ", ".join(f"{u:.2f} + {k:.2f}" for u, k in cpu))
+    # pyarrow's default pool (mimalloc) takes the scan's memory in huge pages
+    # where the kernel grants them: fast where another process has just freed
+    # them, slow where they must be found anew
+    # (benchmarks/results/report_speed/2026-12-05-0ff3190.md)
+    if huge >= 0:
+        print(f"the scan's table: {huge:,} MiB in transparent huge pages (its system time, and so its wall "
+              f"time, depends on whether free huge pages are at hand)")
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)
 
