@@ -198,3 +198,42 @@ def test_glibcs_heap_is_kept_only_by_a_process_that_ends_with_the_report(tmp_pat
     monkeypatch.setattr(cli, "_ENDS_WITH_COMMAND", True)     # as entry() sets it
     assert cli.main(args) == 0
     assert {(-3, 32 << 20), (-1, 1 << 30), (-2, 64 << 20)} <= set(calls)
+
+
+_LOAD_PROBE = r"""
+import ctypes, glob, json, os, sys
+from commprof import cli
+cli._ENDS_WITH_COMMAND = True                   # as entry() sets it
+rc = cli.main(["report", sys.argv[1], "--format", "json", "-o", sys.argv[2]])
+import numpy, pyarrow as pa
+blas = glob.glob(os.path.join(os.path.dirname(numpy.__file__) + ".libs", "libscipy_openblas64_*.so"))
+threads = ctypes.CDLL(blas[0]).scipy_openblas_get_num_threads64_() if blas else None
+print(json.dumps({"rc": rc, "mimalloc": pa.mimalloc_memory_pool().total_bytes_allocated(),
+                  "jemalloc": pa.jemalloc_memory_pool().total_bytes_allocated(), "blas": threads,
+                  "env": sorted(k for k in ("ARROW_DEFAULT_MEMORY_POOL", "OPENBLAS_NUM_THREADS") if k in os.environ)}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the settings are made on Linux only")
+@pytest.mark.parametrize("user_blas", [None, "2"])
+def test_a_report_process_loads_arrow_and_numpy_with_its_settings_then_forgets_them(tmp_path, user_blas):
+    """In a fresh process that ends with the report: every Arrow buffer,
+    the Parquet reader's included, from jemalloc (none from the default
+    mimalloc), OpenBLAS on one thread unless the user chose, and the
+    environment left as it was for anything launched after."""
+    import json
+    import subprocess
+
+    path = write_run(tmp_path / "trace.parquet", {r: ddp_rank(r, 4, 6) for r in range(4)})
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "OPENBLAS_NUM_THREADS")}
+    if user_blas:
+        env["OPENBLAS_NUM_THREADS"] = user_blas
+    proc = subprocess.run([sys.executable, "-c", _LOAD_PROBE, path, str(tmp_path / "r.json")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 0 and (tmp_path / "r.json").stat().st_size > 1000
+    assert got["mimalloc"] == 0 and got["jemalloc"] > 0
+    if got["blas"] is not None:
+        assert got["blas"] == (int(user_blas) if user_blas else 1)
+    assert got["env"] == (["OPENBLAS_NUM_THREADS"] if user_blas else [])
