@@ -6,8 +6,11 @@
  * ranks come in runs (breakdown.py, _step_sweep_compiled), the sweep's row masks
  * (analyzers/run.py, _event_masks), and the collectives' per-instance
  * reduction (analyzers/collectives.py, _reduce_instances; of a chunk's
- * rank runs without a sort, _reduce_runs; sums per key, _sums_per_key). Built and loaded
- * by analyzers/native.py; the numpy paths are used where it cannot be. */
+ * rank runs without a sort, _reduce_runs; sums per key, _sums_per_key), and
+ * the straggler tests' order statistics (analyzers/stragglers.py,
+ * others_median and column_kth). Built and loaded by analyzers/native.py;
+ * the numpy paths are used where it cannot be. */
+#include <math.h>
 #include <stdint.h>
 
 /* One boundary of the cover-pattern sweeps: interval of set f (0: a
@@ -560,4 +563,137 @@ int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t
             return -1;
     }
     return row + 1;
+}
+
+/* Order statistics for the straggler tests (analyzers/stragglers.py):
+ * values, not positions, so any selection gives numpy's partition's. A
+ * NaN or a negative zero (whose place beside 0.0 a selection does not
+ * fix) makes the caller take the numpy path: these return -1. */
+
+/* a[lo..hi] (inclusive) rearranged so that a[k] is its (k - lo)-th
+ * smallest, those before it no larger, those after no smaller
+ * (quickselect, the median of three as pivot; past 64 rounds, the rest by
+ * insertion). */
+static void select_kth(double *a, int64_t lo, int64_t hi, int64_t k)
+{
+    int rounds = 0;
+    while (hi > lo) {
+        if (++rounds > 64 || hi - lo < 16) {
+            for (int64_t i = lo + 1; i <= hi; i++) {
+                double v = a[i];
+                int64_t j = i - 1;
+                while (j >= lo && a[j] > v) {
+                    a[j + 1] = a[j];
+                    j--;
+                }
+                a[j + 1] = v;
+            }
+            return;
+        }
+        int64_t mid = lo + (hi - lo) / 2;
+        double x = a[lo], y = a[mid], z = a[hi];
+        double p = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < p)
+                i++;
+            while (a[j] > p)
+                j--;
+            if (i <= j) {
+                double t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            return;
+    }
+}
+
+static int plain(double v)
+{
+    return v == v && !(v == 0.0 && 1.0 / v < 0.0);
+}
+
+/* Per cell of the rows x units matrix m (row-major): the median of the
+ * other units in its row, as stragglers.others_median computes it (the
+ * row's order statistics k and k + 1; the unit's own value above the k-th
+ * takes the k-th, else the (k + 1)-th; with an even number of others, half
+ * the sum of the two middle ones). scratch: units doubles. */
+int64_t commprof_others_median(int64_t rows, int64_t units, const double *m, double *scratch, double *out)
+{
+    if (units < 2)
+        return -1;
+    int64_t others = units - 1, k0 = others % 2 ? others / 2 : others / 2 - 1;
+    int two = others % 2 == 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *row = m + r * units;
+        for (int64_t u = 0; u < units; u++) {
+            if (!plain(row[u]))
+                return -1;
+            scratch[u] = row[u];
+        }
+        select_kth(scratch, 0, units - 1, k0);
+        double s0 = scratch[k0], s1 = scratch[k0 + 1], s2 = 0.0;
+        for (int64_t u = k0 + 2; u < units; u++)      /* the (k0 + 1)-th: the least of those above */
+            if (scratch[u] < s1)
+                s1 = scratch[u];
+        if (two) {      /* the (k0 + 2)-th: the least above, less the one taken */
+            int64_t at = -1;
+            for (int64_t u = k0 + 1; u < units; u++)
+                if (scratch[u] == s1) {
+                    at = u;
+                    break;
+                }
+            s2 = HUGE_VAL;
+            for (int64_t u = k0 + 1; u < units; u++)
+                if (u != at && scratch[u] < s2)
+                    s2 = scratch[u];
+        }
+        double *o = out + r * units;
+        for (int64_t u = 0; u < units; u++) {
+            double a = row[u] > s0 ? s0 : s1;
+            o[u] = two ? 0.5 * (a + (row[u] > s1 ? s1 : s2)) : a;
+        }
+    }
+    return 0;
+}
+
+/* Per column of the rows x units matrix d (row-major): its order
+ * statistics kth[0] < kth[1] < ... (n_kth of them, each below rows) into
+ * out[i * units + u]. scratch: 8 x rows doubles (columns gathered eight
+ * at a time: one cache line of each row). */
+int64_t commprof_column_kth(int64_t rows, int64_t units, const double *d, int64_t n_kth, const int64_t *kth,
+                            double *scratch, double *out)
+{
+    for (int64_t i = 0; i < n_kth; i++)
+        if (kth[i] < 0 || kth[i] >= rows || (i && kth[i] <= kth[i - 1]))
+            return -1;
+    for (int64_t u0 = 0; u0 < units; u0 += 8) {
+        int64_t w = units - u0 < 8 ? units - u0 : 8;
+        for (int64_t r = 0; r < rows; r++) {
+            const double *row = d + r * units + u0;
+            for (int64_t b = 0; b < w; b++) {
+                if (!plain(row[b]))
+                    return -1;
+                scratch[b * rows + r] = row[b];
+            }
+        }
+        for (int64_t b = 0; b < w; b++) {
+            double *col = scratch + b * rows;
+            int64_t lo = 0;
+            for (int64_t i = 0; i < n_kth; i++) {
+                select_kth(col, lo, rows - 1, kth[i]);
+                out[i * units + u0 + b] = col[kth[i]];
+                lo = kth[i] + 1;
+            }
+        }
+    }
+    return 0;
 }

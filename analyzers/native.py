@@ -1,7 +1,8 @@
 """The analyzers' compiled kernels (``_kernels.c``): the breakdown's
 cover-pattern sweep and per-rank time lines (both in one call for a chunk
 whose ranks come in runs), the sweep's row masks and
-the collectives' per-instance reduction, each in one or two passes where
+the collectives' per-instance reduction and the straggler tests' order
+statistics, each in one or two passes where
 numpy needs a dozen over every row
 (benchmarks/results/report_speed/).
 
@@ -104,6 +105,8 @@ SIGNATURES = {
     "commprof_step_sweep": ([ctypes.c_int64, _P, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                              ctypes.c_int, _P, ctypes.c_int, _P, _P, _P, _P, _P, ctypes.c_int64, ctypes.c_int64,
                              ctypes.c_int64], ctypes.c_int64),
+    "commprof_others_median": ([ctypes.c_int64, ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
+    "commprof_column_kth": ([ctypes.c_int64, ctypes.c_int64, _P, ctypes.c_int64, _P, _P, _P], ctypes.c_int64),
 }
 
 

@@ -54,6 +54,9 @@ def others_median(m: np.ndarray) -> np.ndarray:
     steps, n = m.shape
     if n < 2:
         return np.full_like(m, np.nan, dtype=np.float64)
+    got = _others_median_compiled(m)
+    if got is not None:
+        return got
     others = n - 1
     ks = [others // 2] if others % 2 else [others // 2 - 1, others // 2]
     # the row's order statistics k and k + 1 (a partition, not a sort)
@@ -69,6 +72,42 @@ def others_median(m: np.ndarray) -> np.ndarray:
     if len(ks) == 1:
         return kth_of_others(ks[0])
     return 0.5 * (kth_of_others(ks[0]) + kth_of_others(ks[1]))
+
+
+def _others_median_compiled(m: np.ndarray) -> Optional[np.ndarray]:
+    """:func:`others_median` by the compiled kernel in one pass over the
+    rows (no partitioned copy, no temporaries); None where it is not
+    available or a value is NaN or -0.0 (analyzers/native.py)."""
+    from . import native
+
+    fn = native.kernel("commprof_others_median")
+    if fn is None or m.dtype != np.float64 or not m.size:
+        return None
+    m = np.ascontiguousarray(m)
+    out, scratch = np.empty_like(m), np.empty(m.shape[1])
+    if fn(m.shape[0], m.shape[1], m.ctypes.data, scratch.ctypes.data, out.ctypes.data) < 0:
+        return None
+    return out
+
+
+def column_kth(d: np.ndarray, kth: Sequence[int]) -> np.ndarray:
+    """Per column of ``d`` (rows x units) its order statistics ``kth``
+    (ascending): a len(kth) x units array, each row what
+    ``np.partition(d, kth, axis=0)`` puts at that row; by the compiled
+    kernel where it can (a column at a time, no transposed copy)."""
+    from . import native
+
+    kth = [int(k) for k in kth]
+    fn = native.kernel("commprof_column_kth")
+    if fn is not None and d.dtype == np.float64 and d.size:
+        d = np.ascontiguousarray(d)
+        ks = np.asarray(kth, np.int64)
+        out, scratch = np.empty((len(kth), d.shape[1])), np.empty(8 * d.shape[0])
+        if fn(d.shape[0], d.shape[1], d.ctypes.data, len(ks), ks.ctypes.data, scratch.ctypes.data,
+              out.ctypes.data) == 0:
+            return out
+    srt = np.partition(np.ascontiguousarray(d.T), kth, axis=1).T
+    return srt[kth]
 
 
 def wide(values: pd.DataFrame):
@@ -162,9 +201,9 @@ def sign_tests(values, scale: float = 1e6) -> pd.DataFrame:
     # per unit, the order statistics the median and its interval read (a partition, not a
     # sort; each unit's steps made contiguous first)
     kth = sorted({n // 2, max(n // 2 - 1, 0), j - 1 if j else 0, n - j if j else n - 1})
-    srt = np.partition(np.ascontiguousarray(d.T), kth, axis=1).T
-    excess = srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])     # the median
-    lo, hi = (srt[j - 1], srt[n - j]) if j else (srt[0], srt[-1])
+    at = dict(zip(kth, column_kth(d, kth)))
+    excess = at[n // 2] if n % 2 else 0.5 * (at[n // 2 - 1] + at[n // 2])     # the median
+    lo, hi = (at[j - 1], at[n - j]) if j else (at[0], at[n - 1])
     needed = ev.min_trials(0.5, members)
     p = np.array([ev.bonferroni(ev.binomial_sf(int(x), n, 0.5), members) for x in k])
     ref = med.mean(axis=0)

@@ -3,6 +3,7 @@ numpy paths they replace: the same results bit for bit (the cover-pattern
 table on random intervals and on a synthetic DDP trace's per-step
 breakdown; its per-rank time lines on random events; the collectives'
 per-instance reduction on random partials, and of a chunk's rank runs;
+the straggler tests' order statistics on matrices with ties;
 sums per key);
 where they cannot be built the numpy paths run."""
 import os
@@ -498,3 +499,47 @@ def test_the_fused_step_sweep_gives_way_where_it_cannot_sweep():
     assert breakdown._step_sweep_compiled(wide, 1) is None
     with pytest.raises(TraceFormatError, match="far from the rank's other events"):
         breakdown.per_step(wide)
+
+
+def _matrix(seed: int, rows: int, units: int, levels: int, odd: str) -> np.ndarray:
+    """rows x units of values drawn from ``levels`` levels (few levels: many
+    ties), with one NaN or -0.0 among them where ``odd`` says."""
+    rng = np.random.default_rng(seed)
+    m = rng.integers(0, levels, size=(rows, units)).astype(np.float64) * 1.5 - levels / 2
+    if odd != "none" and m.size:
+        m.flat[rng.integers(0, m.size)] = np.nan if odd == "nan" else -0.0
+    return m
+
+
+@needs_cc
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31), rows=st.integers(1, 60), units=st.integers(2, 70), levels=st.integers(1, 50),
+       odd=st.sampled_from(["none", "none", "nan", "-0"]))
+def test_the_others_median_kernel_equals_numpys_partition(seed, rows, units, levels, odd):
+    """Leave-one-out medians of each row (stragglers.others_median): odd
+    and even numbers of others, ties, the unit's own value on either side;
+    a NaN or -0.0 sends the matrix to numpy, the same."""
+    from commprof.analyzers.stragglers import others_median
+
+    m = _matrix(seed, rows, units, levels, odd)
+    fast, slow = both(others_median, m)
+    assert np.array_equal(fast, slow, equal_nan=True)
+    assert np.array_equal(np.signbit(fast), np.signbit(slow))
+
+
+@needs_cc
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**31), rows=st.integers(1, 300), units=st.integers(1, 20), levels=st.integers(1, 400),
+       odd=st.sampled_from(["none", "none", "nan", "-0"]), data=st.data())
+def test_the_column_order_statistics_kernel_equals_numpys_partition(seed, rows, units, levels, odd, data):
+    """Order statistics of each column (stragglers.sign_tests' medians and
+    intervals): any ascending positions, columns in blocks of eight and a
+    remainder, long columns past the insertion sort."""
+    from commprof.analyzers.stragglers import column_kth
+
+    m = _matrix(seed, rows, units, levels, odd)
+    kth = sorted(data.draw(st.sets(st.integers(0, rows - 1), min_size=1, max_size=5)))
+    fast, slow = both(column_kth, m, kth)
+    assert fast.shape == (len(kth), units)
+    assert np.array_equal(fast, slow, equal_nan=True)
+    assert np.array_equal(np.signbit(fast), np.signbit(slow))
