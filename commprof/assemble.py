@@ -166,10 +166,8 @@ def resolve(path: str) -> Tuple[str, str]:
     """('file', path) or ('shards', folder)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
-    if os.path.isfile(path):
-        return "file", path
-    merged = os.path.join(path, TRACE_FILE)
-    if os.path.isfile(merged):
+    merged = parquet.trace_file(path)
+    if merged is not None:
         return "file", merged
     for folder in (os.path.join(path, "shards"), path):
         if os.path.isdir(folder):

@@ -777,14 +777,13 @@ def _read_ahead(traces: Sequence[str]) -> Optional[tuple]:
     say."""
     if len(traces) != 1:
         return None
-    from .assemble import resolve
-    from .trace import parquet, schema
+    from .trace import parquet, schema      # not the reading side's other modules: the decoding starts first
 
     try:
-        kind, where = resolve(traces[0])
+        where = parquet.trace_file(traces[0])
     except (OSError, ValueError):
         return None
-    if kind != "file":
+    if where is None:
         return None
     return parquet.read_ahead(where, schema.TRACE_SCHEMA.names, parquet.CHUNK_ROWS, skip_empty=True)
 

@@ -46,6 +46,16 @@ def write_trace(table, path: str, run: Dict[str, Any], rank_metas) -> None:
                        use_dictionary=_dictionary_columns(), write_statistics=True)
 
 
+def trace_file(path: str) -> Optional[str]:
+    """The merged trace file ``path`` names: the file itself, or a record
+    folder's :data:`TRACE_FILE`; None for anything else (a folder of shards,
+    nothing at all). Paths only: nothing is imported or opened."""
+    if os.path.isfile(path):
+        return path
+    merged = os.path.join(path, TRACE_FILE)
+    return merged if os.path.isfile(merged) else None
+
+
 class TraceWriter:
     """Append rank tables one at a time; the footer metadata (known only at
     the end) is added by :meth:`close`. Atomic: nothing appears at ``path``

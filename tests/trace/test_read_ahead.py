@@ -237,3 +237,37 @@ def test_a_report_process_loads_arrow_and_numpy_with_its_settings_then_forgets_t
     if got["blas"] is not None:
         assert got["blas"] == (int(user_blas) if user_blas else 1)
     assert got["env"] == (["OPENBLAS_NUM_THREADS"] if user_blas else [])
+
+
+def test_a_trace_file_is_found_by_its_path_alone(tmp_path):
+    """The file itself, or a record folder's merged trace; a folder of
+    shards or nothing at all is not a trace file (the report then reads
+    nothing ahead)."""
+    p = _file(tmp_path)
+    assert parquet.trace_file(p) == p
+    assert parquet.trace_file(str(tmp_path)) == os.path.join(str(tmp_path), parquet.TRACE_FILE)
+    (tmp_path / "shards").mkdir()
+    assert parquet.trace_file(str(tmp_path / "shards")) is None
+    assert parquet.trace_file(str(tmp_path / "missing")) is None
+
+
+_AHEAD_PROBE = r"""
+import sys
+from commprof import cli
+key = cli._read_ahead([sys.argv[1]])
+print(key is not None, "pandas" in sys.modules, "commprof.assemble" in sys.modules, "commprof.analyzers" in sys.modules)
+"""
+
+
+def test_the_decoding_starts_before_the_analyzers_are_imported(tmp_path):
+    """What the report reads ahead, it starts decoding with Arrow loaded and
+    nothing of the analyzers or pandas yet (their import is what it runs
+    beside), for a record folder as for its file."""
+    import subprocess
+
+    p = _file(tmp_path)
+    for where in (p, str(tmp_path)):
+        proc = subprocess.run([sys.executable, "-c", _AHEAD_PROBE, where], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["True", "False", "False", "False"]
