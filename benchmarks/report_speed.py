@@ -15,7 +15,9 @@ the fastest a scan gets), for reference, measured last and in a child of
 its own: this process never holds the events, so every command here runs
 on a 24 GiB machine (the 100 M-event scan alone needs ~10 GiB). The trace
 is generated in another process first (a child's ru_maxrss would include
-the forking parent's).
+the forking parent's). It says so where the machine is a VM that hands
+free memory back to its host (free page reporting): there a scan is fast
+only right after a process that freed huge pages.
 
     python benchmarks/report_speed.py --events 10000000 --ranks 64
     python benchmarks/report_speed.py --events 100000000 --ranks 128 --repeats 1
@@ -127,8 +129,31 @@ def main():
     if huge >= 0:
         print(f"the scan's table: {huge:,} MiB in transparent huge pages (its system time, and so its wall "
               f"time, depends on whether free huge pages are at hand)")
+    if free_page_reporting():
+        print("this VM hands free memory back to its host (virtio balloon, free page reporting): a process "
+              "faults in again, on the host as well, what was freed more than a few seconds before it started "
+              "(benchmarks/results/report_speed/2026-12-06-aab9661.md)")
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def free_page_reporting() -> bool:
+    """Whether a virtio balloon device here offers free page reporting
+    (VIRTIO_BALLOON_F_REPORTING, feature bit 5): the guest then gives free
+    blocks of 2 MiB and more back to the host soon after they are freed."""
+    import glob
+
+    for dev in glob.glob("/sys/bus/virtio/devices/*"):
+        try:
+            with open(os.path.join(dev, "device")) as fh:
+                kind = int(fh.read().strip(), 16)
+            with open(os.path.join(dev, "features")) as fh:
+                bits = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == 5 and len(bits) > 5 and bits[5] == "1":
+            return True
+    return False
 
 
 def timed(cmd, cpu=None):
