@@ -555,7 +555,6 @@ def _arrow_pool() -> None:
     `commprof report` peaked at 963-984 MB with it and 1,082-1,105 MB with
     the default pool (two runs each, 2026-12-03), at the same speed within
     this machine's noise."""
-    _load_quietly()
     import pyarrow as pa
 
     try:
@@ -578,13 +577,15 @@ _LOAD_SETTINGS = {
 
 
 def _load_quietly() -> None:
-    """numpy and pyarrow loaded with :data:`_LOAD_SETTINGS` (a setting the
-    user made is kept), in a process that ends with its command and has not
-    loaded them yet; the environment is then as it was, so that nothing
-    launched later inherits them. On 2 cores, 10 M events, 10 alternated
-    pairs: 0.05 s sooner (7 of 10), 0.16 s less CPU
-    (benchmarks/results/report_speed/). Linux only (the wheels there have
-    jemalloc; Arrow warns of a pool it lacks)."""
+    """For the report: numpy and pyarrow loaded with :data:`_LOAD_SETTINGS`
+    (a setting the user made is kept), in a process that ends with its
+    command and has not loaded them yet; the environment is then as it
+    was, so that nothing launched later inherits them. On 2 cores, 10 M
+    events, 10 alternated pairs: 0.05 s sooner (7 of 10), 0.16 s less CPU.
+    Not for the Chrome export: with them it took 2 s more, 2.7 s more system
+    CPU (3 pairs; benchmarks/results/report_speed/2026-12-06-aab9661.md).
+    Linux only (the wheels there have jemalloc; Arrow warns of a pool it
+    lacks)."""
     if not _ENDS_WITH_COMMAND or sys.platform != "linux" or "pyarrow" in sys.modules or "numpy" in sys.modules:
         return
     added = [k for k in _LOAD_SETTINGS if k not in os.environ]
@@ -792,6 +793,7 @@ def cmd_report(args) -> int:
     import gc
 
     _keep_heap()
+    _load_quietly()
     _arrow_pool()
     # Python's cycle collector holds the GIL while it walks every object, and finds next to nothing
     # here: a 10 M-event report ran ~200 collections for ~0.06 s and freed ~1,200 objects
