@@ -10,7 +10,6 @@
  * the straggler tests' order statistics (analyzers/stragglers.py,
  * others_median and column_kth). Built and loaded by analyzers/native.py;
  * the numpy paths are used where it cannot be. */
-#include <math.h>
 #include <stdint.h>
 
 /* One boundary of the cover-pattern sweeps: interval of set f (0: a
@@ -616,6 +615,29 @@ static void select_kth(double *a, int64_t lo, int64_t hi, int64_t k)
     }
 }
 
+/* a[0..n) rearranged so that a[kth[i]] is its kth[i]-th smallest, for
+ * kth ascending: each selected within what lies above the one before (the
+ * least of them by one scan where it is the next one up). */
+static void select_ascending(double *a, int64_t n, const int64_t *kth, int64_t n_kth)
+{
+    int64_t lo = 0;
+    for (int64_t i = 0; i < n_kth; i++) {
+        int64_t k = kth[i];
+        if (k == lo) {
+            int64_t at = lo;
+            for (int64_t j = lo + 1; j < n; j++)
+                if (a[j] < a[at])
+                    at = j;
+            double t = a[lo];
+            a[lo] = a[at];
+            a[at] = t;
+        } else {
+            select_kth(a, lo, n - 1, k);
+        }
+        lo = k + 1;
+    }
+}
+
 static int plain(double v)
 {
     return v == v && !(v == 0.0 && 1.0 / v < 0.0);
@@ -632,6 +654,7 @@ int64_t commprof_others_median(int64_t rows, int64_t units, const double *m, dou
         return -1;
     int64_t others = units - 1, k0 = others % 2 ? others / 2 : others / 2 - 1;
     int two = others % 2 == 0;
+    const int64_t ks[3] = {k0, k0 + 1, k0 + 2};
     for (int64_t r = 0; r < rows; r++) {
         const double *row = m + r * units;
         for (int64_t u = 0; u < units; u++) {
@@ -639,23 +662,8 @@ int64_t commprof_others_median(int64_t rows, int64_t units, const double *m, dou
                 return -1;
             scratch[u] = row[u];
         }
-        select_kth(scratch, 0, units - 1, k0);
-        double s0 = scratch[k0], s1 = scratch[k0 + 1], s2 = 0.0;
-        for (int64_t u = k0 + 2; u < units; u++)      /* the (k0 + 1)-th: the least of those above */
-            if (scratch[u] < s1)
-                s1 = scratch[u];
-        if (two) {      /* the (k0 + 2)-th: the least above, less the one taken */
-            int64_t at = -1;
-            for (int64_t u = k0 + 1; u < units; u++)
-                if (scratch[u] == s1) {
-                    at = u;
-                    break;
-                }
-            s2 = HUGE_VAL;
-            for (int64_t u = k0 + 1; u < units; u++)
-                if (u != at && scratch[u] < s2)
-                    s2 = scratch[u];
-        }
+        select_ascending(scratch, units, ks, two ? 3 : 2);
+        double s0 = scratch[k0], s1 = scratch[k0 + 1], s2 = two ? scratch[k0 + 2] : 0.0;
         double *o = out + r * units;
         for (int64_t u = 0; u < units; u++) {
             double a = row[u] > s0 ? s0 : s1;
@@ -687,12 +695,9 @@ int64_t commprof_column_kth(int64_t rows, int64_t units, const double *d, int64_
         }
         for (int64_t b = 0; b < w; b++) {
             double *col = scratch + b * rows;
-            int64_t lo = 0;
-            for (int64_t i = 0; i < n_kth; i++) {
-                select_kth(col, lo, rows - 1, kth[i]);
+            select_ascending(col, rows, kth, n_kth);
+            for (int64_t i = 0; i < n_kth; i++)
                 out[i * units + u0 + b] = col[kth[i]];
-                lo = kth[i] + 1;
-            }
         }
     }
     return 0;

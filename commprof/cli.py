@@ -563,8 +563,8 @@ def _arrow_pool() -> None:
         pass
 
 
-#: settings the numerical libraries read once, as they load, for a process
-#: that only reads and analyses (:func:`_load_quietly`)
+#: settings the numerical libraries read once, as they load, for the report
+#: (:func:`_load_quietly`)
 _LOAD_SETTINGS = {
     # Arrow's pool from the start: the Parquet reader takes some buffers from
     # the pool that was the default when it was first used, whatever is set
