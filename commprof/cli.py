@@ -780,10 +780,7 @@ def _read_ahead(traces: Sequence[str]) -> Optional[tuple]:
         return None
     from .trace import parquet, schema      # not the reading side's other modules: the decoding starts first
 
-    try:
-        where = parquet.trace_file(traces[0])
-    except (OSError, ValueError):
-        return None
+    where = parquet.trace_file(traces[0])      # paths only: nothing raised, None for anything else
     if where is None:
         return None
     return parquet.read_ahead(where, schema.TRACE_SCHEMA.names, parquet.CHUNK_ROWS, skip_empty=True)
