@@ -56,13 +56,17 @@ def _pid_alive(pid):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_reaches_job_and_exit_status_matches(tmp_path, sig):
+    """The signal sent to ``commprof record`` ends the job as it would end
+    it unrecorded. Started with SIGINT at its default: a shell without job
+    control starts its background commands with SIGINT ignored, and a job
+    that inherits that ignores it with or without commprof."""
     out = str(tmp_path / "rec")
     res = tmp_path / "res"
     res.mkdir()
     p = subprocess.Popen(commprof_cmd("record", "-o", out, "--", PY, TINY, "--steps", "400",
                                       "--step-sleep", "0.05", "--result-dir", str(res)),
                          env=venv_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     shard_dir = os.path.join(out, "shards")
     deadline = time.time() + 60
     journal = None
