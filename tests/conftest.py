@@ -48,16 +48,14 @@ def _patch_points():
 
 
 #: tests that run alone, after the rest (``make test`` runs the rest on
-#: every core, a file per worker): what they assert depends on the machine
-#: being otherwise quiet (time between ranks, a tolerance on a measured
-#: time, a hang timeout, a ratio of two timed processes, shaped links).
-#: Keys: a file or folder, or ``file::test`` (a name's prefix). Tests using
-#: the session's SLURM or the namespace cluster are serial too
-#: (SERIAL_FIXTURES, matched through the fixtures a test's fixtures use):
-#: one daemon, one set of interface names.
+#: every core, a file per worker): what they assert depends on the machine being otherwise
+#: quiet (time between ranks, a tolerance on a measured time, a hang
+#: timeout, a ratio of two timed processes, shaped links). Keys: a file or
+#: folder, or ``file::test`` (a name's prefix). Tests using the namespace
+#: cluster are serial too (SERIAL_FIXTURES, matched through the fixtures a
+#: test's fixtures use): one set of interface names, links shaped to a rate.
 SERIAL = {
-    "tests/cluster/": "network namespaces with shaped links; the session's SLURM",
-    "tests/gpu/": "the GPU check's dry run times its runs and their processes' exits",
+    "tests/gpu/test_gpu.py": "the GPU check on a GPU: overheads and bandwidths measured",
     "tests/analyzers/test_report_speed_guard.py": "the report's time against the scan's",
     "tests/record/test_equal_ranks.py": "equal ranks must measure equal",
     "tests/record/test_fidelity.py": "measured shares within a point",
@@ -68,13 +66,20 @@ SERIAL = {
     "tests/record/test_crash_and_signals.py": "signals sent at a point of a running job",
     "tests/record/test_failure.py": "ranks killed inside a collective",
 }
-SERIAL_FIXTURES = ("local_slurm", "cluster_available")
+SERIAL_FIXTURES = ("cluster_available",)
+#: every test on the session's SLURM, in one file: the rest runs a file per
+#: worker (``--dist loadfile``), so the daemons start once, on one worker,
+#: and serve one test at a time. Those tests assert what SLURM started and
+#: what was recorded, not times: they run beside the rest.
+SLURM_TESTS = "tests/cluster/test_slurm.py"
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.nodeid.startswith(key) for key in SERIAL) \
-                or any(f in SERIAL_FIXTURES for f in getattr(item, "fixturenames", ())):
+        fixtures = getattr(item, "fixturenames", ())
+        if "local_slurm" in fixtures and not item.nodeid.startswith(SLURM_TESTS + "::"):
+            raise pytest.UsageError(f"{item.nodeid} uses the session's SLURM: it belongs in {SLURM_TESTS}")
+        if any(item.nodeid.startswith(key) for key in SERIAL) or any(f in SERIAL_FIXTURES for f in fixtures):
             item.add_marker(pytest.mark.serial)
 
 

@@ -213,3 +213,10 @@ def documented_scaled(page, contains, why, *, script=None, values=None, outputs=
     if after:
         assert sep < len(words), f"{page}: {found[0]!r} runs no command to give arguments to"
     return words[:sep] + [str(a) for a in add] + words[sep:] + [str(a) for a in after]
+
+
+def columns_of(table):
+    """An Arrow table as {column: values}, nulls as None: two traces compared
+    exactly, column by column."""
+    df = table.to_pandas()
+    return {c: df[c].astype(object).where(df[c].notna(), None).tolist() for c in df.columns}

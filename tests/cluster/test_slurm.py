@@ -1,5 +1,9 @@
 """commprof under a real (local, one-node) SLURM: srun inside commprof
-record, and commprof record inside srun (one per task, one shared folder)."""
+record, and commprof record inside srun (one per task, one shared folder);
+a sweep's cells as SLURM jobs; Kineto traces imported by Dask workers that
+srun started. Every test on the session's SLURM is in this file: a file
+runs on one worker of the suite, so the SLURM daemons are started once
+and used by one test at a time (tests/conftest.py)."""
 import json
 import os
 import sys
@@ -7,12 +11,13 @@ import sys
 import pytest
 
 import commprof
-from helpers import ROOT, commprof_cmd, documented_record, documented_scaled, run, venv_env
+from helpers import ROOT, columns_of, commprof_cmd, documented_record, documented_scaled, run, venv_env
 
 pytestmark = pytest.mark.slow
 
 PY = sys.executable
 MULTI = os.path.join(ROOT, "tests", "workloads", "multinode.py")
+KINETO = os.path.join(ROOT, "tests", "data", "kineto")
 
 
 def test_record_around_srun(local_slurm, tmp_path):
@@ -119,3 +124,79 @@ def test_srun_with_one_folder_per_task_is_reported_as_one_job(local_slurm, tmp_p
     assert rep.returncode == 0, rep.stderr
     bd = t.report().tables["breakdown"].frame
     assert len(bd) == 1 and int(bd["gpus"].iloc[0]) == 2
+
+
+def test_slurm_sweep_one_job_per_cell(local_slurm, tmp_path):
+    study = str(tmp_path / "study")
+    env = local_slurm.env(venv_env())
+    proc = run(commprof_cmd("sweep", "-o", study, "--launcher", "slurm", "--nproc", "1,2", "--gpus-per-node", "2",
+                            "--time", "00:05:00", "--cell-timeout", "300",
+                            "--", PY, MULTI, "--steps", "5"), env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for n in (1, 2):
+        with open(os.path.join(study, "default", str(n), "sweep.json")) as fh:
+            st = json.load(fh)
+        assert st["status"] == "done" and st["launcher"] == "slurm" and st["job_id"].isdigit()
+        t = commprof.load(os.path.join(study, "default", str(n)))
+        assert t.meta["world_size"] == n and t.meta["launcher"] == "srun"
+        assert {m["slurm_job_id"] for m in t.ranks} == {st["job_id"]}
+        assert "#SBATCH --ntasks=%d" % n in open(os.path.join(study, "default", str(n), "sweep.sbatch")).read()
+    bd = commprof.load(study).report().tables["breakdown"].frame
+    assert sorted(bd["gpus"]) == [1, 2]
+
+
+def test_workers_and_dask_give_the_same_trace_and_report(local_slurm, tmp_path):
+    """--workers 2 (processes) and --dask write the same trace as one
+    process, and the same report. The Dask side is the GPU guide's recipe on
+    the local SLURM: a scheduler writing its file into $HOME, srun starting
+    the workers (one node, 2 workers here; 8 nodes there), the guide's
+    import command reading the address from that file."""
+    import pyarrow.parquet as pq
+
+    import importlib.util
+    import subprocess
+
+    from helpers import documented_scaled, venv_env
+
+    from commprof.cli import main
+
+    outs = {}
+    for how, extra in (("one", ["--workers", "1"]), ("two", ["--workers", "2"])):
+        outs[how] = str(tmp_path / f"{how}.parquet")
+        assert main(["import", "kineto", KINETO, "-o", outs[how], *extra]) == 0
+    if importlib.util.find_spec("distributed") is None:
+        pytest.skip("the 'distributed' package is not installed")
+    outs["dask"] = str(tmp_path / "dask.parquet")
+    env = local_slurm.env(venv_env({"HOME": str(tmp_path)}))
+    sched = str(tmp_path / "sched.json")
+    started = [subprocess.Popen(["dask", "scheduler", "--scheduler-file", sched, "--port", "0",
+                                 "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)]
+    try:
+        started.append(subprocess.Popen(["srun", "-N", "1", "--ntasks-per-node", "1", "dask", "worker",
+                                         "--scheduler-file", sched, "--nworkers", "2", "--nthreads", "1",
+                                         "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True))
+        line = documented_scaled("docs/gpu.md", "--dask $(python", "one node, 2 workers; the repository's files",
+                                 outputs={"/shared/profiles": KINETO, "/shared/trace.parquet": outs["dask"]},
+                                 shell=True)
+        # the scheduler file exists before the import reads it, as on the launch node
+        proc = subprocess.run(["bash", "-c", f"until [ -s {sched} ]; do sleep 0.2; done; {line}"], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        for p in reversed(started):
+            os.killpg(p.pid, 15)
+            p.wait(timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = columns_of(pq.read_table(outs["one"]))
+    import commprof
+
+    ref_rep = commprof.load(outs["one"]).report()
+    for how in ("two", "dask"):
+        assert columns_of(pq.read_table(outs[how])) == ref
+        rep = commprof.load(outs[how]).report()
+        for name in ("breakdown", "kernels", "gpu_breakdown", "collectives"):
+            a, b = ref_rep.tables[name].frame, rep.tables[name].frame
+            a, b = (x.drop(columns=[c for c in ("path",) if c in x]) for x in (a, b))
+            assert a.equals(b), name
+    assert main(["import", "kineto", KINETO, "-o", str(tmp_path / "x.parquet"), "--workers", "0"]) == 2

@@ -11,6 +11,7 @@ from commprof.analyzers import kernels
 from commprof import assemble
 from commprof.cli import main
 from commprof.convert.kineto import classify
+from helpers import columns_of
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "kineto")
 RESNET = os.path.join(DATA, "resnet_nccl_2gpu_rank0.json.gz")
@@ -178,11 +179,6 @@ def test_driver_api_launches_are_joined_to_their_kernels():
     assert kern[0].source == "aten::cudnn_convolution" and kern[0].name == "cudnn" and kern[0].step == 4
 
 
-def _frame(table):
-    df = table.to_pandas()
-    return {c: df[c].astype(object).where(df[c].notna(), None).tolist() for c in df.columns}
-
-
 @pytest.mark.parametrize("path", [RESNET, EIGHT])
 def test_columnar_importer_gives_the_same_rows_as_the_row_converter(path):
     """The fast (msgspec, columnar) path and the general row converter agree
@@ -195,7 +191,7 @@ def test_columnar_importer_gives_the_same_rows_as_the_row_converter(path):
     slow = schema.rows_to_table(rows, meta["rank"])
     fast, fmeta = kineto_fast.convert_file(path)
     assert fmeta == meta
-    assert _frame(fast) == _frame(slow)
+    assert columns_of(fast) == columns_of(slow)
 
 
 def _nccl_doc(with_args):
@@ -246,61 +242,6 @@ def test_unexpected_field_types_fall_back_to_the_general_converter(tmp_path):
     assert table.num_rows == len(rows) == 3 and meta["rank"] == 0
 
 
-@pytest.mark.slow
-def test_workers_and_dask_give_the_same_trace_and_report(local_slurm, tmp_path):
-    """--workers 2 (processes) and --dask write the same trace as one
-    process, and the same report. The Dask side is the GPU guide's recipe on
-    the local SLURM: a scheduler writing its file into $HOME, srun starting
-    the workers (one node, 2 workers here; 8 nodes there), the guide's
-    import command reading the address from that file."""
-    import pyarrow.parquet as pq
-
-    import importlib.util
-    import subprocess
-
-    from helpers import documented_scaled, venv_env
-
-    outs = {}
-    for how, extra in (("one", ["--workers", "1"]), ("two", ["--workers", "2"])):
-        outs[how] = str(tmp_path / f"{how}.parquet")
-        assert main(["import", "kineto", DATA, "-o", outs[how], *extra]) == 0
-    if importlib.util.find_spec("distributed") is None:
-        pytest.skip("the 'distributed' package is not installed")
-    outs["dask"] = str(tmp_path / "dask.parquet")
-    env = local_slurm.env(venv_env({"HOME": str(tmp_path)}))
-    sched = str(tmp_path / "sched.json")
-    started = [subprocess.Popen(["dask", "scheduler", "--scheduler-file", sched, "--port", "0",
-                                 "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)]
-    try:
-        started.append(subprocess.Popen(["srun", "-N", "1", "--ntasks-per-node", "1", "dask", "worker",
-                                         "--scheduler-file", sched, "--nworkers", "2", "--nthreads", "1",
-                                         "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True))
-        line = documented_scaled("docs/gpu.md", "--dask $(python", "one node, 2 workers; the repository's files",
-                                 outputs={"/shared/profiles": DATA, "/shared/trace.parquet": outs["dask"]}, shell=True)
-        # the scheduler file exists before the import reads it, as on the launch node
-        proc = subprocess.run(["bash", "-c", f"until [ -s {sched} ]; do sleep 0.2; done; {line}"], env=env,
-                              capture_output=True, text=True, timeout=300)
-    finally:
-        for p in reversed(started):
-            os.killpg(p.pid, 15)
-            p.wait(timeout=60)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ref = _frame(pq.read_table(outs["one"]))
-    import commprof
-
-    ref_rep = commprof.load(outs["one"]).report()
-    for how in ("two", "dask"):
-        assert _frame(pq.read_table(outs[how])) == ref
-        rep = commprof.load(outs[how]).report()
-        for name in ("breakdown", "kernels", "gpu_breakdown", "collectives"):
-            a, b = ref_rep.tables[name].frame, rep.tables[name].frame
-            a, b = (x.drop(columns=[c for c in ("path",) if c in x]) for x in (a, b))
-            assert a.equals(b), name
-    assert main(["import", "kineto", DATA, "-o", str(tmp_path / "x.parquet"), "--workers", "0"]) == 2
-
-
 def test_launch_without_an_external_id_match_takes_the_enclosing_op(tmp_path):
     """A kernel whose External id names no CPU op is attributed to the
     innermost op around its launch, as the row converter does (cuDNN found
@@ -328,7 +269,7 @@ def test_launch_without_an_external_id_match_takes_the_enclosing_op(tmp_path):
     fast, _ = kineto_fast.convert_file(str(p))
     rows, meta = kineto.convert(doc, str(p))
     rows.sort(key=lambda r: (r.t_start, r.t_end))
-    assert _frame(fast) == _frame(schema.rows_to_table(rows, meta["rank"]))
+    assert columns_of(fast) == columns_of(schema.rows_to_table(rows, meta["rank"]))
     k = fast.to_pandas()
     k = k[k["category"] == "kernel"]
     assert list(k["source"]) == ["aten::cudnn_convolution", "aten::add_"]

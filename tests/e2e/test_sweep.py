@@ -1,5 +1,6 @@
 """``commprof sweep``: a study run cell by cell under ``commprof record``
-(locally and as SLURM jobs on the real local SLURM), resumable, surviving
+(locally here; as SLURM jobs on the real local SLURM in
+tests/cluster/test_slurm.py), resumable, surviving
 failing cells, and ``commprof report STUDY/`` over the result."""
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 import commprof
-from helpers import ROOT, commprof_cmd, documented_scaled, run, venv_env
+from helpers import ROOT, commprof_cmd, documented_scaled, run
 
 PY = sys.executable
 TINY = os.path.join(ROOT, "tests", "workloads", "tiny.py")
@@ -132,22 +133,3 @@ def test_local_sweep_resumes_and_survives_a_failing_cell(tmp_path):
     proc = run(commprof_cmd("report", study, "--table", "study", "--format", "csv"))
     assert proc.returncode == 0, proc.stderr
     assert [line.split(",")[0] for line in proc.stdout.strip().split("\n")[1:]] == ["1", "2"]
-
-
-@pytest.mark.slow
-def test_slurm_sweep_one_job_per_cell(local_slurm, tmp_path):
-    study = str(tmp_path / "study")
-    env = local_slurm.env(venv_env())
-    proc = run(commprof_cmd("sweep", "-o", study, "--launcher", "slurm", "--nproc", "1,2", "--gpus-per-node", "2",
-                            "--time", "00:05:00", "--cell-timeout", "300",
-                            "--", PY, MULTI, "--steps", "5"), env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for n in (1, 2):
-        st = _state(study, f"default/{n}")
-        assert st["status"] == "done" and st["launcher"] == "slurm" and st["job_id"].isdigit()
-        t = commprof.load(os.path.join(study, "default", str(n)))
-        assert t.meta["world_size"] == n and t.meta["launcher"] == "srun"
-        assert {m["slurm_job_id"] for m in t.ranks} == {st["job_id"]}
-        assert "#SBATCH --ntasks=%d" % n in open(os.path.join(study, "default", str(n), "sweep.sbatch")).read()
-    bd = commprof.load(study).report().tables["breakdown"].frame
-    assert sorted(bd["gpus"]) == [1, 2]

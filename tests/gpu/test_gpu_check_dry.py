@@ -53,6 +53,8 @@ def test_paired_overhead_is_the_mean_of_the_rounds_differences():
     assert o["plain_ms"] == pytest.approx(46.0) and o["recorded_ms"] == pytest.approx(47.0)
     assert o["overhead_pct"] == pytest.approx(100 / 46)
     assert o["cpu_overhead_ms"] == pytest.approx(1.1)
+    assert o["cpu_overhead_pct"] == pytest.approx(100 / 46)      # 1.1 ms over the plain step's 50.6 ms of CPU
+    assert o["judged"] == "overhead_pct"                           # the wall time, unless told otherwise
     assert o["aa_pct"] == pytest.approx(0.0, abs=1e-9)
     # 1.96 x the standard error of (0.8, 1.0, 1.2, 1.0) ms over 46 ms
     assert o["ci95_pct"] == pytest.approx(100 * 1.96 * 0.163299 / 2 / 46, rel=1e-4)
@@ -103,6 +105,8 @@ def test_gpu_check_dry_run_passes_and_writes_its_summary(full_dry_run):
     assert set(summary["overhead"]) == set(gpu_check.PAIRED) == {"r50", "r18"}
     for o in summary["overhead"].values():    # the in-process runs' figures, read from their JSON
         assert o["rounds"] == 6 and o["ranks"] == 1 and o["plain_ms"] > 0
+        # a dry run holds the CPU time against its bound: the suite's other tests load the machine
+        assert o["judged"] == "cpu_overhead_pct" and o["cpu_overhead_pct"] <= o["bound_pct"]
     assert statuses["overhead r50"] == statuses["overhead r18"] == "pass"
     assert set(summary["overhead_runs"]) == {"r50", "r18", "r18 comm-hook"}
     assert all(o["plain_ms"] > 0 and o["recorded_ms"] > 0 for o in summary["overhead_runs"].values())
