@@ -48,12 +48,13 @@ def _patch_points():
 
 
 #: tests that run alone, after the rest (``make test`` runs the rest on
-#: every core, a file per worker): what they assert depends on the machine being otherwise
-#: quiet (time between ranks, a tolerance on a measured time, a hang
-#: timeout, a ratio of two timed processes, shaped links). Keys: a file or
-#: folder, or ``file::test`` (a name's prefix). Tests using the namespace
-#: cluster are serial too (SERIAL_FIXTURES, matched through the fixtures a
-#: test's fixtures use): one set of interface names, links shaped to a rate.
+#: every core, a file per worker): what they assert depends on the machine
+#: being otherwise quiet (time between ranks, a tolerance on a measured
+#: time, a hang timeout, a ratio of two timed processes, shaped links).
+#: Keys: a file or folder, or ``file::test`` (a name's prefix). Tests using
+#: the namespace cluster are serial too (SERIAL_FIXTURES, matched through
+#: the fixtures a test's fixtures use): one set of interface names, links
+#: shaped to a rate.
 SERIAL = {
     "tests/gpu/test_gpu.py": "the GPU check on a GPU: overheads and bandwidths measured",
     "tests/analyzers/test_report_speed_guard.py": "the report's time against the scan's",
