@@ -151,12 +151,10 @@ def test_workers_and_dask_give_the_same_trace_and_report(local_slurm, tmp_path):
     the local SLURM: a scheduler writing its file into $HOME, srun starting
     the workers (one node, 2 workers here; 8 nodes there), the guide's
     import command reading the address from that file."""
-    import pyarrow.parquet as pq
-
     import importlib.util
     import subprocess
 
-    from helpers import documented_scaled, venv_env
+    import pyarrow.parquet as pq
 
     from commprof.cli import main
 
@@ -189,8 +187,6 @@ def test_workers_and_dask_give_the_same_trace_and_report(local_slurm, tmp_path):
             p.wait(timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref = columns_of(pq.read_table(outs["one"]))
-    import commprof
-
     ref_rep = commprof.load(outs["one"]).report()
     for how in ("two", "dask"):
         assert columns_of(pq.read_table(outs[how])) == ref

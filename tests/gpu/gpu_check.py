@@ -694,14 +694,13 @@ def main():
             device_checks(args.out, ev, traces[name])
             if name == "r50-recorded":
                 telemetry_check(args.out, ev)
-    over, runs_over = {}, {}
+    over, runs_over, mode = {}, {}, "gpu" if cuda else "dry"
     for wl, run_name in PAIRED.items():
         path = os.path.join(args.out, f"paired-{wl}.json")
         if SUMMARY["runs"].get(run_name, {}).get("rc") != 0 or not os.path.exists(path):
             continue            # not run or failed (the verdict says which)
         with open(path) as fh:
-            over[wl] = paired_overhead(json.load(fh), OVERHEAD_BOUND_PCT["gpu" if cuda else "dry"][wl],
-                                       OVERHEAD_JUDGED["gpu" if cuda else "dry"])
+            over[wl] = paired_overhead(json.load(fh), OVERHEAD_BOUND_PCT[mode][wl], OVERHEAD_JUDGED[mode])
         figure = over[wl][over[wl]["judged"]]
         check(args.out, f"overhead {wl}", figure is not None and figure <= over[wl]["bound_pct"], **over[wl])
     for wl, (plain, recorded) in OVERHEAD_RUNS.items():
