@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.ops import bus_factor  # noqa: F401  (the report's busbw factors: nccl-tests')
-from .codes import int_codes
+from .codes import int_codes, strings_at
 from .events import device_times
 from .sketch import Sketch
 
@@ -752,18 +752,17 @@ class CollectiveStats:
         a = self._acc
         if a is None or not len(a["key"]):
             return None
-        groups = np.array(list(self._names["group"]), dtype=object)
-        ops = np.array(list(self._names["op"]), dtype=object)
-        srcs = np.array(list(self._names["source"]) + ["?"], dtype=object)
-        dts = np.array(list(self._names["dtype"]) + ["?"], dtype=object)
+        groups, ops = list(self._names["group"]), list(self._names["op"])
+        srcs, dts = list(self._names["source"]) + ["?"], list(self._names["dtype"]) + ["?"]
         self._inst_cache = pd.DataFrame({
-            "group": groups[a["key"] >> _SEQ_BITS], "seq": a["key"] & ((1 << _SEQ_BITS) - 1),
-            "op": ops[a["op"]], "min_start": a["min_start"], "max_start": a["max_start"],
+            "group": strings_at(groups, a["key"] >> _SEQ_BITS), "seq": a["key"] & ((1 << _SEQ_BITS) - 1),
+            "op": strings_at(ops, a["op"]), "min_start": a["min_start"], "max_start": a["max_start"],
             "sum_end": a["sum_end"], "n": a["n"], "bytes": a["bytes"], "last_rank": a["last_rank"],
-            "op_max": ops[a["op_max"]], "min_bytes": a["min_bytes"], "min_bytes_rank": a["min_bytes_rank"],
+            "op_max": strings_at(ops, a["op_max"]), "min_bytes": a["min_bytes"], "min_bytes_rank": a["min_bytes_rank"],
             "max_bytes_rank": a["max_bytes_rank"], "gsize": a["gsize"],
-            "src_min": srcs[a["src_min"]], "src_max": srcs[a["src_max"]], "src_min_rank": a["src_min_rank"],
-            "src_max_rank": a["src_max_rank"], "dt_min": dts[a["dt_min"]], "dt_max": dts[a["dt_max"]],
+            "src_min": strings_at(srcs, a["src_min"]), "src_max": strings_at(srcs, a["src_max"]),
+            "src_min_rank": a["src_min_rank"], "src_max_rank": a["src_max_rank"],
+            "dt_min": strings_at(dts, a["dt_min"]), "dt_max": strings_at(dts, a["dt_max"]),
             "dt_min_rank": a["dt_min_rank"], "dt_max_rank": a["dt_max_rank"]})
         return self._inst_cache
 

@@ -698,6 +698,40 @@ def _now(fn: Callable, *args) -> None:
     fn(*args)
 
 
+class _Beside:
+    """Work handed to the side thread that the asking thread does itself
+    where the side thread has not started it by the time its result is
+    wanted: the two chains of the report's end share out their work as
+    they run, not by a fixed split (10 M events, 8 interleaved pairs: the
+    end waited 0.04-0.13 s for the side thread with the split fixed,
+    0.01-0.07 s with the work shared, benchmarks/results/report_speed/)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, fn: Callable, *args):
+        self.fn, self.args = fn, args
+        self.future: Future = pool.submit(fn, *args)
+
+    def take(self) -> None:
+        """Done here if still queued (the side thread is busy)."""
+        if self.future.cancel():
+            fut: Future = Future()
+            fut.set_result(self.fn(*self.args))
+            self.future = fut
+
+    def result(self):
+        self.take()
+        return self.future.result()
+
+
+def _results(*work: Optional[_Beside]) -> list:
+    """Their results, each still queued done here first (in the order
+    queued, the side thread meanwhile taking the next), then those it
+    took waited for; None for None."""
+    for w in work:
+        if w is not None:
+            w.take()
+    return [w.result() if w is not None else None for w in work]
+
+
 class _Lane:
     """A thread folding one accumulator's share of each chunk, in the
     chunks' order, beside the main thread and the sweeps (one chunk in
@@ -822,8 +856,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # clocks); the steps' straggler tests, where their matrices are
         # small (at 100 M events they would not fit beside the per-host
         # table in 2 GiB: they stay in the report)
-        fine_rows = pool.submit(acc.fine.rows)
-        early = pool.submit(stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
+        fine_rows = _Beside(pool, acc.fine.rows)
+        early = _Beside(pool, stragglers.step_verdicts, steps) if len(steps) <= SIDE_STEP_ROWS else None
         t0 = time.perf_counter()
         lane.wait()
         clock.since("read and per-chunk sweep (wall)", t0)
@@ -832,13 +866,10 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # cross-rank statistics (arrival skew) are folded
         t0 = time.perf_counter()
         cframe = acc.colls.aligned_frame()
-        # beside the alignment: the per-scope and per-link tables, which
-        # read the calls, not their clock offsets (a frame object of their
-        # own over the same arrays)
+        # for the per-scope and per-link tables, which read the calls, not
+        # their clock offsets: a frame object of their own over the same arrays
         mine = cframe.copy(deep=False) if several and cframe is not None else None
         scopes = nodes.group_scope(cframe, hosts) if several else {}    # each group's scope, found once
-        side = pool.submit(lambda: (nodes.scope_table(mine, hosts, scopes), slowlinks.group_speeds(mine, hosts))
-                           if several else (pd.DataFrame(), pd.DataFrame()))
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
         t0 = time.perf_counter()
@@ -848,8 +879,12 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         meta = _run_meta(meta, rank_metas, steps, batch_size)
         # the fine grain's tables, beside the per-host table (they were the
         # report's single-threaded end: 10 M events, ~0.08 s)
-        fine = pool.submit(buckets.run_tables, fine_phases, fine_grads, int(meta.get("world_size") or 1),
-                           meta.get("ddp_buckets"))
+        fine = _Beside(pool, buckets.run_tables, fine_phases, fine_grads, int(meta.get("world_size") or 1),
+                       meta.get("ddp_buckets"))
+        # queued behind them, the smaller last, each taken by whichever
+        # thread is free first
+        scope_of = _Beside(pool, nodes.scope_table, mine, hosts, scopes) if several else None
+        links_of = _Beside(pool, slowlinks.group_speeds, mine, hosts) if several else None
         t0 = time.perf_counter()
         per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe, scopes if several else None)
         _return_free_heap()
@@ -861,13 +896,13 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         step_figures = breakdown.step_figures(steps, batch_size) \
             if not steps.empty and len(steps) <= SIDE_STEP_ROWS else None
         t0 = time.perf_counter()
-        scope, links = side.result()
+        step_stragglers, fine_tables, scope, links = _results(early, fine, scope_of, links_of)
+        if not several:
+            scope, links = pd.DataFrame(), pd.DataFrame()
         if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
             counts = acc.colls.calls.frame()
             scope = nodes.with_counts(scope, counts, hosts, cframe, scopes)
             links = slowlinks.with_counts(links, counts)
-        step_stragglers = early.result() if early is not None else None
-        fine_tables = fine.result()
         beside = "steps' straggler tests, fine-grain tables (built beside; waited for)"
         clock.since(("scope and link tables, " if several else "") + beside, t0)
     return RunAnalysis(

@@ -162,6 +162,13 @@ def cells(unit: np.ndarray, step: np.ndarray):
     return units, len(steps), cell, cnt.astype(np.float64)
 
 
+def _complete_rows(m: np.ndarray) -> np.ndarray:
+    """The rows of ``m`` without a NaN (``m`` itself where every row is:
+    no copy of the matrix)."""
+    keep = ~np.isnan(m).any(axis=1)
+    return m if keep.all() else m[keep]
+
+
 def wide_at(where, v: np.ndarray):
     """:func:`wide` of the values ``v`` of rows placed by :func:`cells`."""
     units, n_steps, cell, cnt = where
@@ -169,17 +176,16 @@ def wide_at(where, v: np.ndarray):
         placed = np.empty((n_steps, len(units)))
         placed[:] = np.asarray(v, np.float64).reshape(len(units), n_steps).T
         placed += 0.0
-        return units, placed[~np.isnan(placed).any(axis=1)]
+        return units, _complete_rows(placed)
     if cnt is None:     # one row a cell: each value placed (0.0 + v, as the sum of one value would be)
         flat = np.empty(len(cell))
         flat[cell] = v
         flat += 0.0
-        placed = flat.reshape(n_steps, len(units))
-        return units, placed[~np.isnan(placed).any(axis=1)]
+        return units, _complete_rows(flat.reshape(n_steps, len(units)))
     tot = np.bincount(cell, weights=v, minlength=len(cnt)).reshape(n_steps, -1)
     with np.errstate(invalid="ignore", divide="ignore"):
         m = tot / cnt.reshape(n_steps, -1)
-    return units, m[~np.isnan(m).any(axis=1)]
+    return units, _complete_rows(m)
 
 
 def sign_tests(values, scale: float = 1e6) -> pd.DataFrame:
@@ -194,8 +200,10 @@ def sign_tests(values, scale: float = 1e6) -> pd.DataFrame:
         return pd.DataFrame(columns=["unit", "late_steps", "steps", "late_pct", "excess_ms", "excess_lo_ms",
                                      "excess_hi_ms", "excess_pct", "value_ms", "median_ms", "p", "needed",
                                      "accused"])
-    med = others_median(m) / scale
-    d = m / scale - med
+    med = others_median(m)      # a new array: scaled in place, as d (steps x units each)
+    med /= scale
+    d = m / scale
+    d -= med
     k = (d > 0).sum(axis=0)
     j = ev.median_rank(n)
     # per unit, the order statistics the median and its interval read (a partition, not a

@@ -1,10 +1,12 @@
 """Integer codes and distinct values (analyzers/codes.py) against numpy's
-np.unique, on the ranges where they count and where they sort."""
+np.unique, on the ranges where they count and where they sort; strings
+taken by code against the column pandas makes of numpy's take."""
 import numpy as np
+import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commprof.analyzers.codes import distinct, int_codes
+from commprof.analyzers.codes import distinct, int_codes, strings_at
 
 
 @settings(max_examples=200, deadline=None)
@@ -30,3 +32,20 @@ def test_distinct_of_a_wide_range_or_no_integer():
     assert distinct(v).tolist() == [-7, 3, 1 << 50]
     assert distinct(np.array([2.5, 1.0, 2.5])).tolist() == [1.0, 2.5]
     assert distinct(np.zeros(0, np.int64)).tolist() == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.text(max_size=4)), min_size=1, max_size=6, unique=True),
+       st.lists(st.integers(0, 1000), max_size=40))
+def test_strings_taken_by_code_are_the_column_pandas_makes(names, picks):
+    codes = np.array([p % (2 * len(names)) - len(names) for p in picks], np.int64)    # from the end too
+    want = pd.Series(np.array(names, dtype=object)[codes])
+    got = pd.Series(strings_at(names, codes))
+    assert got.dtype == want.dtype
+    pd.testing.assert_series_equal(got, want)
+
+
+def test_strings_at_keeps_values_that_are_not_strings():
+    got = pd.Series(strings_at(["a", 3], np.array([1, 0, 1])))
+    assert got.tolist() == [3, "a", 3] and got.dtype == object
+    assert pd.Series(strings_at([None], np.array([0, 0]))).dtype == object     # no string: as pandas infers

@@ -1,8 +1,11 @@
 """The collectives of each chunk are folded in a thread of their own
 (analyzers/run.py ``_Lane``) beside the sweeps: in the chunks' order, one
 at a time, an error raised where the reader is, and the same tables as
-folding them in the reader's thread."""
+folding them in the reader's thread. The report's end shares its work
+with the side thread (``_Beside``): what that thread has not started is
+done by the thread that wants it, once."""
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pytest
@@ -35,6 +38,52 @@ def test_an_error_in_the_lane_is_raised_to_the_reader():
     with pytest.raises(ValueError, match="fold failed"):
         lane(lambda: None)          # the next chunk's fold waits for this one, and meets its error
     lane.pool.shutdown()
+
+
+def _where(tag, calls):
+    calls.append((tag, threading.current_thread() is threading.main_thread()))
+    return tag
+
+
+def test_work_the_side_thread_has_not_started_is_done_by_the_asker():
+    release, started, calls = threading.Event(), threading.Event(), []
+
+    def busy():
+        started.set()
+        release.wait(60)
+        return _where("busy", calls)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = run._Beside(pool, busy)
+        queued = [run._Beside(pool, _where, tag, calls) for tag in ("a", "b")]
+        assert started.wait(60)
+        assert run._results(None, *queued) == [None, "a", "b"]      # here, while the side thread is busy
+        release.set()
+        assert first.result() == "busy"
+    assert calls == [("a", True), ("b", True), ("busy", False)]
+
+
+def test_work_the_side_thread_took_is_waited_for_not_done_again():
+    calls = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        w = run._Beside(pool, _where, "x", calls)
+        w.future.result()       # the side thread has done it
+        assert w.result() == "x" and w.result() == "x"
+    assert calls == [("x", False)]
+
+
+def test_an_error_in_work_done_by_the_asker_is_raised_to_it():
+    release = threading.Event()
+
+    def bad():
+        raise ValueError("table failed")
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(release.wait, 60)
+        w = run._Beside(pool, bad)
+        with pytest.raises(ValueError, match="table failed"):
+            run._results(w)
+        release.set()
 
 
 def test_folding_in_the_lane_gives_the_same_tables(tmp_path, monkeypatch):
