@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from . import breakdown, buckets, clocks, kernels, nodes, slowlinks, stragglers
 from .collectives import CollectiveStats, _codes as _dict_codes, _run_sums, _sums_per_key, call_times
 from .events import CAT_CODES, Events, _codes, _np, device_times
-from .timeline import timeline
+from .timeline import timeline, window
 from ..trace.metadata import batch_size as infer_batch_size
 from ..trace.schema import CAT, CATEGORIES
 
@@ -595,12 +595,16 @@ class Timeline:
 
 
 def _small_window(chunk, steps: pd.DataFrame) -> pd.DataFrame:
-    """The events of the chunk's first 8 ranks, as pandas, for the timeline."""
-    ranks = sorted(steps["rank"].unique())[:8]
-    if set(pc.unique(chunk.column("rank")).to_pylist()) <= set(ranks):
-        sub = chunk         # every rank of the chunk is drawn: nothing to filter
-    else:
-        sub = chunk.filter(pc.is_in(chunk.column("rank"), value_set=pa.array(ranks, pa.int32())))
+    """The events the timeline shows of the chunk (its first 8 ranks, the
+    steps :func:`~.timeline.window` picks), as pandas: the few rows taken in
+    Arrow, not the ranks' every step converted (10 M events: 0.6 M rows,
+    ~45 ms of the reading thread)."""
+    def among(name: str, values) -> pa.Array:
+        col = chunk.column(name)
+        return pc.is_in(col, value_set=pa.array([int(v) for v in values], col.type))
+
+    ranks, chosen = window(steps)
+    sub = chunk.filter(pc.and_(among("rank", ranks), among("step", chosen)))
     return sub.select([c for c in ("rank", "step", "category", "name", "t_start", "t_end")
                        if c in sub.column_names]).to_pandas()
 

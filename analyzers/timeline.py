@@ -1,10 +1,22 @@
 """A few steps of a few ranks, as rows for a timeline figure."""
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 import pandas as pd
 
 LANES = {"data": "data", "compute": "compute", "wait": "comm wait", "comm": "comm"}
+
+
+def window(steps: pd.DataFrame, max_ranks: int = 8, n_steps: int = 3) -> Tuple[list, list]:
+    """(ranks, steps) :func:`timeline` shows of these measured steps: the
+    first ``max_ranks`` ranks, ``n_steps`` consecutive steps from the
+    middle of the run."""
+    ranks = sorted(steps["rank"].unique())[:max_ranks]
+    all_steps = sorted(steps["step"].unique())
+    mid = len(all_steps) // 2
+    return ranks, all_steps[max(0, mid - n_steps // 2): max(0, mid - n_steps // 2) + n_steps]
 
 
 def timeline(events: pd.DataFrame, steps: pd.DataFrame, max_ranks: int = 8, n_steps: int = 3) -> pd.DataFrame:
@@ -14,10 +26,7 @@ def timeline(events: pd.DataFrame, steps: pd.DataFrame, max_ranks: int = 8, n_st
     cols = ["rank", "lane", "name", "start_ms", "dur_ms", "step"]
     if steps.empty or events.empty:
         return pd.DataFrame(columns=cols)
-    ranks = sorted(steps["rank"].unique())[:max_ranks]
-    all_steps = sorted(steps["step"].unique())
-    mid = len(all_steps) // 2
-    chosen = all_steps[max(0, mid - n_steps // 2): max(0, mid - n_steps // 2) + n_steps]
+    ranks, chosen = window(steps, max_ranks, n_steps)
     ev = events[events["rank"].isin(ranks) & events["step"].isin(chosen)]
     ev = ev[ev["category"].astype(str).isin(list(LANES))]
     if ev.empty:

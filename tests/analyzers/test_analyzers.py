@@ -226,3 +226,28 @@ def test_per_step_rows_come_by_rank_then_end_whatever_the_input_order(n_ranks, w
     shuffled = [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))]
     assert list(ordered["rank"]) == sorted(ordered["rank"])
     pd.testing.assert_frame_equal(breakdown.per_step(pd.DataFrame(shuffled)), ordered, check_exact=True)
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_the_reports_timeline_is_the_timeline_of_all_the_events(tmp_path, hosts):
+    """The analysis converts only the first chunk's events the timeline
+    shows (analyzers/run.py ``_small_window``): the same rows as the
+    timeline of every event, on one host and on two (clocks aligned)."""
+    from commprof import api
+    from commprof.analyzers import timeline as tl
+
+    from tracegen import ddp_rank, write_run
+
+    world = 10      # more ranks than the timeline shows
+    metas = [{"rank": r, "world_size": world, "host": f"n{r * hosts // world}",
+              "clock": {"boot_id": f"b{r * hosts // world}"}} for r in range(world)]
+    p = write_run(tmp_path / "t.parquet", {r: ddp_rank(r, world, 9, arrive_ms=0.1 * r, seq0=0)
+                                           for r in range(world)}, rank_metas=metas)
+    ra = api.load(p).analysis(chunk_rows=10 ** 6)       # one chunk: every rank in it
+    events = api.load(p).events()
+    if ra.offsets:
+        off = events["rank"].map(ra.offsets).fillna(0).astype(np.int64)
+        events = events.assign(t_start=events["t_start"] + off, t_end=events["t_end"] + off)
+    want = tl.timeline(events, ra.steps)
+    assert len(want) and want["rank"].nunique() == 8 and want["step"].nunique() == 3
+    pd.testing.assert_frame_equal(ra.timeline, want, check_exact=True)
