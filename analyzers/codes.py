@@ -33,7 +33,7 @@ def strings_at(names: Sequence[str], codes: np.ndarray):
     values = list(names)
     if not len(codes) or not all(isinstance(v, str) for v in values):     # pandas' own inference, as before
         return pd.Series(np.array(values, dtype=object)[codes]).array
-    at = np.asarray(codes)
+    at = np.asarray(codes, np.int64)      # codes from the end made positive without overflow
     if at.size and at.min() < 0:
         at = np.where(at < 0, at + len(values), at)
     return pa.array(values, pa.string()).take(pa.array(at)).to_pandas().array

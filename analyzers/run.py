@@ -595,10 +595,10 @@ class Timeline:
 
 
 def _small_window(chunk, steps: pd.DataFrame) -> pd.DataFrame:
-    """The events the timeline shows of the chunk (its first 8 ranks, the
-    steps :func:`~.timeline.window` picks), as pandas: the few rows taken in
-    Arrow, not the ranks' every step converted (10 M events: 0.6 M rows,
-    ~45 ms of the reading thread)."""
+    """The chunk's events of the ranks and steps the timeline shows (its
+    first 8 ranks, the steps :func:`~.timeline.window` picks), as pandas:
+    the few rows taken in Arrow, not the ranks' every step converted (10 M
+    events: 0.6 M rows, ~45 ms of the reading thread)."""
     def among(name: str, values) -> pa.Array:
         col = chunk.column(name)
         return pc.is_in(col, value_set=pa.array([int(v) for v in values], col.type))
@@ -715,10 +715,14 @@ class _Beside:
         self.future: Future = pool.submit(fn, *args)
 
     def take(self) -> None:
-        """Done here if still queued (the side thread is busy)."""
+        """Done here if still queued (the side thread is busy); an error is
+        kept for :meth:`result`, as the side thread's would be."""
         if self.future.cancel():
             fut: Future = Future()
-            fut.set_result(self.fn(*self.args))
+            try:
+                fut.set_result(self.fn(*self.args))
+            except BaseException as exc:
+                fut.set_exception(exc)
             self.future = fut
 
     def result(self):
@@ -888,7 +892,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         # queued behind them, the smaller last, each taken by whichever
         # thread is free first
         scope_of = _Beside(pool, nodes.scope_table, mine, hosts, scopes) if several else None
-        links_of = _Beside(pool, slowlinks.group_speeds, mine, hosts) if several else None
+        links_of = _Beside(pool, slowlinks.group_speeds, mine.copy(deep=False) if mine is not None else None,
+                           hosts) if several else None
         t0 = time.perf_counter()
         per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe, scopes if several else None)
         _return_free_heap()
@@ -907,7 +912,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
             counts = acc.colls.calls.frame()
             scope = nodes.with_counts(scope, counts, hosts, cframe, scopes)
             links = slowlinks.with_counts(links, counts)
-        beside = "steps' straggler tests, fine-grain tables (built beside; waited for)"
+        beside = "steps' straggler tests, fine-grain tables (built beside, or here if not yet started)"
         clock.since(("scope and link tables, " if several else "") + beside, t0)
     return RunAnalysis(
         label=config_label(meta, group_by), meta=meta, world_size=int(meta.get("world_size") or 1),

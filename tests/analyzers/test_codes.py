@@ -36,9 +36,9 @@ def test_distinct_of_a_wide_range_or_no_integer():
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.text(max_size=4)), min_size=1, max_size=6, unique=True),
-       st.lists(st.integers(0, 1000), max_size=40))
-def test_strings_taken_by_code_are_the_column_pandas_makes(names, picks):
-    codes = np.array([p % (2 * len(names)) - len(names) for p in picks], np.int64)    # from the end too
+       st.lists(st.integers(0, 1000), max_size=40), st.sampled_from([np.int64, np.int32, np.int8]))
+def test_strings_taken_by_code_are_the_column_pandas_makes(names, picks, dtype):
+    codes = np.array([p % (2 * len(names)) - len(names) for p in picks], dtype)    # from the end too
     want = pd.Series(np.array(names, dtype=object)[codes])
     got = pd.Series(strings_at(names, codes))
     assert got.dtype == want.dtype
@@ -49,3 +49,8 @@ def test_strings_at_keeps_values_that_are_not_strings():
     got = pd.Series(strings_at(["a", 3], np.array([1, 0, 1])))
     assert got.tolist() == [3, "a", 3] and got.dtype == object
     assert pd.Series(strings_at([None], np.array([0, 0]))).dtype == object     # no string: as pandas infers
+
+
+def test_codes_from_the_end_of_a_narrow_type_do_not_overflow():
+    names = [str(i) for i in range(200)]
+    assert pd.Series(strings_at(names, np.array([-1, -128, 5], np.int8))).tolist() == ["199", "72", "5"]

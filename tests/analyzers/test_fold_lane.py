@@ -73,9 +73,10 @@ def test_work_the_side_thread_took_is_waited_for_not_done_again():
 
 
 def test_an_error_in_work_done_by_the_asker_is_raised_to_it():
-    release = threading.Event()
+    release, calls = threading.Event(), []
 
     def bad():
+        _where("bad", calls)
         raise ValueError("table failed")
 
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -83,7 +84,10 @@ def test_an_error_in_work_done_by_the_asker_is_raised_to_it():
         w = run._Beside(pool, bad)
         with pytest.raises(ValueError, match="table failed"):
             run._results(w)
+        with pytest.raises(ValueError, match="table failed"):
+            w.result()          # kept, not run again
         release.set()
+    assert calls == [("bad", True)]
 
 
 def test_folding_in_the_lane_gives_the_same_tables(tmp_path, monkeypatch):
