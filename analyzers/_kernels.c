@@ -673,10 +673,62 @@ int64_t commprof_others_median(int64_t rows, int64_t units, const double *m, dou
     return 0;
 }
 
+/* The sample a narrow band's pivots are read from, and the shortest
+ * column selected by them (shorter ones: over the whole column). */
+#define BAND_SAMPLE 1024
+#define BAND_MIN_ROWS (4 * BAND_SAMPLE)
+
+/* The order statistics kth[0] < ... < kth[n_kth - 1] of a[0..n) into
+ * vals, where they lie in a band narrow against n (the straggler tests
+ * read a median and its interval): two pivots are read off an evenly
+ * spaced sample of BAND_SAMPLE values, 64 sample places (four standard
+ * deviations of a sample quantile) beyond the band's ends; the values
+ * between them are gathered to the front of a and the band selected
+ * among them (Floyd and Rivest's idea; a's other values are lost). The
+ * values are exact whatever the pivots: where the band turns out not to
+ * hold them, a is left as it was and -1 returned (the caller selects over
+ * the whole column). */
+static int select_band(double *a, int64_t n, const int64_t *kth, int64_t n_kth, double *vals)
+{
+    int64_t k0 = kth[0], k1 = kth[n_kth - 1];
+    if (n < BAND_MIN_ROWS || k1 - k0 > n / 16)
+        return -1;
+    double sample[BAND_SAMPLE];
+    for (int64_t i = 0; i < BAND_SAMPLE; i++)
+        sample[i] = a[i * n / BAND_SAMPLE];
+    int64_t s0 = k0 * BAND_SAMPLE / n - 64, s1 = (k1 * BAND_SAMPLE + n - 1) / n + 64;
+    if (s0 < 0 || s1 >= BAND_SAMPLE)
+        return -1;
+    select_kth(sample, 0, BAND_SAMPLE - 1, s0);
+    select_kth(sample, s0 + 1, BAND_SAMPLE - 1, s1);
+    double lo = sample[s0], hi = sample[s1];
+    int64_t below = 0, above = 0;
+    for (int64_t i = 0; i < n; i++) {      /* no branch on the values: they come in no order */
+        below += a[i] < lo;
+        above += a[i] > hi;
+    }
+    if (below > k0 || n - above <= k1)
+        return -1;
+    int64_t w = 0;
+    for (int64_t i = 0; i < n; i++) {      /* the band to the front (w <= i: nothing unread is lost) */
+        double v = a[i];
+        a[w] = v;
+        w += (v >= lo) & (v <= hi);
+    }
+    int64_t local[8];
+    for (int64_t j = 0; j < n_kth; j++)
+        local[j] = kth[j] - below;
+    select_ascending(a, w, local, n_kth);
+    for (int64_t j = 0; j < n_kth; j++)
+        vals[j] = a[local[j]];
+    return 0;
+}
+
 /* Per column of the rows x units matrix d (row-major): its order
  * statistics kth[0] < kth[1] < ... (n_kth of them, each below rows) into
- * out[i * units + u]. scratch: 8 x rows doubles (columns gathered eight
- * at a time: one cache line of each row). */
+ * out[i * units + u]; a band of at most 8 narrow against rows by
+ * select_band. scratch: 8 x rows doubles (columns gathered eight at a
+ * time: one cache line of each row). */
 int64_t commprof_column_kth(int64_t rows, int64_t units, const double *d, int64_t n_kth, const int64_t *kth,
                             double *scratch, double *out)
 {
@@ -694,7 +746,12 @@ int64_t commprof_column_kth(int64_t rows, int64_t units, const double *d, int64_
             }
         }
         for (int64_t b = 0; b < w; b++) {
-            double *col = scratch + b * rows;
+            double *col = scratch + b * rows, vals[8];
+            if (n_kth <= 8 && select_band(col, rows, kth, n_kth, vals) == 0) {
+                for (int64_t i = 0; i < n_kth; i++)
+                    out[i * units + u0 + b] = vals[i];
+                continue;
+            }
             select_ascending(col, rows, kth, n_kth);
             for (int64_t i = 0; i < n_kth; i++)
                 out[i * units + u0 + b] = col[kth[i]];

@@ -543,3 +543,25 @@ def test_the_column_order_statistics_kernel_equals_numpys_partition(seed, rows, 
     assert fast.shape == (len(kth), units)
     assert np.array_equal(fast, slow, equal_nan=True)
     assert np.array_equal(np.signbit(fast), np.signbit(slow))
+
+
+@needs_cc
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), rows=st.integers(4096, 9000), units=st.integers(1, 10),
+       levels=st.sampled_from([3, 40, 2000, 10**6]), trend=st.booleans(), data=st.data())
+def test_a_narrow_band_of_order_statistics_equals_numpys_partition(seed, rows, units, levels, trend, data):
+    """Long columns, positions in a band narrow against them (a median and
+    its interval, as sign_tests reads): selected among the values between
+    two sampled pivots, or over the whole column where the band misses
+    them (few levels: long runs of ties at the pivots; a trend down the
+    column: the sample's order is not the values')."""
+    from commprof.analyzers.stragglers import column_kth
+
+    m = _matrix(seed, rows, units, levels, "none")
+    if trend:
+        m += np.arange(rows)[:, None] * (levels / rows)
+    c = data.draw(st.integers(rows // 16, rows - rows // 16 - 1))
+    w = data.draw(st.integers(0, rows // 32))
+    kth = sorted(data.draw(st.sets(st.integers(max(c - w, 0), min(c + w, rows - 1)), min_size=1, max_size=5)))
+    fast, slow = both(column_kth, m, kth)
+    assert np.array_equal(fast, slow)
