@@ -571,7 +571,10 @@ int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t
 
 /* a[lo..hi] (inclusive) rearranged so that a[k] is its (k - lo)-th
  * smallest, those before it no larger, those after no smaller
- * (quickselect, the median of three as pivot; past 64 rounds, the rest by
+ * (quickselect, the median of three as pivot, each round two passes that
+ * move the values below the pivot, then those equal to it, to the front
+ * without a branch on the values: their order is random, a branch on
+ * them mispredicted about every other value; past 64 rounds, the rest by
  * insertion). */
 static void select_kth(double *a, int64_t lo, int64_t hi, int64_t k)
 {
@@ -592,26 +595,26 @@ static void select_kth(double *a, int64_t lo, int64_t hi, int64_t k)
         int64_t mid = lo + (hi - lo) / 2;
         double x = a[lo], y = a[mid], z = a[hi];
         double p = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] < p)
-                i++;
-            while (a[j] > p)
-                j--;
-            if (i <= j) {
-                double t = a[i];
-                a[i] = a[j];
-                a[j] = t;
-                i++;
-                j--;
-            }
+        int64_t below = lo;
+        for (int64_t i = lo; i <= hi; i++) {
+            double v = a[i];
+            a[i] = a[below];
+            a[below] = v;
+            below += v < p;
         }
-        if (k <= j)
-            hi = j;
-        else if (k >= i)
-            lo = i;
+        int64_t equal = below;
+        for (int64_t i = below; i <= hi; i++) {
+            double v = a[i];
+            a[i] = a[equal];
+            a[equal] = v;
+            equal += v == p;
+        }
+        if (k < below)
+            hi = below - 1;
+        else if (k >= equal)
+            lo = equal;
         else
-            return;
+            return;         /* a[k] equals the pivot, in place */
     }
 }
 
