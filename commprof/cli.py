@@ -313,11 +313,11 @@ def _keep_heap() -> None:
     twice that: a report's chunk-sized arrays are then faulted in afresh,
     chunk after chunk. Fixed thresholds keep them (mmap from 32 MiB, the
     top given back past 1 GiB, grown 64 MiB at a time); the stages still
-    give the free heap back between them (analyzers/run.py). A 10 M-event
-    report: 0.16 s less system CPU, 0.05-0.07 s sooner, 20-25 MiB more at
-    its peak (benchmarks/results/report_speed/). Elsewhere a no-op. They
-    last as long as the process (glibc's own thresholds cannot be had
-    back), so only a process that ends with its command sets them
+    give the free heap back between them, past 512 MiB (analyzers/run.py).
+    A 10 M-event report: 0.16 s less system CPU, 0.05-0.07 s sooner, 20-25
+    MiB more at its peak (benchmarks/results/report_speed/). Elsewhere a
+    no-op. They last as long as the process (glibc's own thresholds cannot
+    be had back), so only a process that ends with its command sets them
     (:func:`entry`, not a caller of :func:`main`)."""
     if not _ENDS_WITH_COMMAND:
         return

@@ -3,7 +3,10 @@
 at a time, an error raised where the reader is, and the same tables as
 folding them in the reader's thread. The report's end shares its work
 with the side thread (``_Beside``): what that thread has not started is
-done by the thread that wants it, once."""
+done by the thread that wants it, once. Between its stages the free C
+heap is given back to the system only past a threshold."""
+import ctypes
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -138,3 +141,34 @@ def test_exact_counts_read_from_the_calls_times_are_the_same(rows):
     assert a.sums.keys() == b.sums.keys()
     for k in a.sums:
         assert [repr(x) for x in a.sums[k]] == [repr(x) for x in b.sums[k]]
+
+
+def _resident() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+def test_the_free_heap_is_given_back_only_past_the_threshold(monkeypatch):
+    libc = ctypes.CDLL("libc.so.6")
+    if not hasattr(libc, "mallinfo2"):
+        pytest.skip("a glibc without mallinfo2 gives the heap back every time")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 64 << 10     # under glibc's mmap threshold: from the heap
+    blocks = [libc.malloc(size) for _ in range(2048)]          # 128 MiB, touched
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    last = libc.malloc(size)        # above them: freed, they are not the heap's top, which glibc trims itself
+    for b in blocks:
+        libc.free(b)
+    try:
+        before = _resident()
+        monkeypatch.setattr(run, "RETURN_HEAP_FROM", 1 << 40)
+        run._return_free_heap()
+        assert _resident() > before - (16 << 20)                # kept
+        monkeypatch.setattr(run, "RETURN_HEAP_FROM", 64 << 20)
+        run._return_free_heap()
+        assert _resident() < before - (96 << 20)                # given back
+    finally:
+        libc.free(last)
