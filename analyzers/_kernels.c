@@ -681,11 +681,12 @@ int64_t commprof_others_median(int64_t rows, int64_t units, const double *m, dou
 #define BAND_SAMPLE 1024
 #define BAND_MIN_ROWS (4 * BAND_SAMPLE)
 
-/* The order statistics kth[0] < ... < kth[n_kth - 1] of a[0..n) into
- * vals, where they lie in a band narrow against n (the straggler tests
- * read a median and its interval): two pivots are read off an evenly
- * spaced sample of BAND_SAMPLE values, 64 sample places (four standard
- * deviations of a sample quantile) beyond the band's ends; the values
+/* The order statistics kth[0] < ... < kth[n_kth - 1] (at most 8) of
+ * a[0..n) into vals, where they lie in a band narrow against n (the
+ * straggler tests read a median and its interval): two pivots are read
+ * off an evenly spaced sample of BAND_SAMPLE values, 64 sample places
+ * (four standard deviations of a sample quantile) beyond the band's
+ * ends; the values
  * between them are gathered to the front of a and the band selected
  * among them (Floyd and Rivest's idea; a's other values are lost). The
  * values are exact whatever the pivots: where the band turns out not to
@@ -694,7 +695,7 @@ int64_t commprof_others_median(int64_t rows, int64_t units, const double *m, dou
 static int select_band(double *a, int64_t n, const int64_t *kth, int64_t n_kth, double *vals)
 {
     int64_t k0 = kth[0], k1 = kth[n_kth - 1];
-    if (n < BAND_MIN_ROWS || k1 - k0 > n / 16)
+    if (n_kth > 8 || n < BAND_MIN_ROWS || k1 - k0 > n / 16)
         return -1;
     double sample[BAND_SAMPLE];
     for (int64_t i = 0; i < BAND_SAMPLE; i++)
@@ -729,9 +730,9 @@ static int select_band(double *a, int64_t n, const int64_t *kth, int64_t n_kth, 
 
 /* Per column of the rows x units matrix d (row-major): its order
  * statistics kth[0] < kth[1] < ... (n_kth of them, each below rows) into
- * out[i * units + u]; a band of at most 8 narrow against rows by
- * select_band. scratch: 8 x rows doubles (columns gathered eight at a
- * time: one cache line of each row). */
+ * out[i * units + u]; a band narrow against rows by select_band.
+ * scratch: 8 x rows doubles (columns gathered eight at a time: one cache
+ * line of each row). */
 int64_t commprof_column_kth(int64_t rows, int64_t units, const double *d, int64_t n_kth, const int64_t *kth,
                             double *scratch, double *out)
 {
@@ -750,7 +751,7 @@ int64_t commprof_column_kth(int64_t rows, int64_t units, const double *d, int64_
         }
         for (int64_t b = 0; b < w; b++) {
             double *col = scratch + b * rows, vals[8];
-            if (n_kth <= 8 && select_band(col, rows, kth, n_kth, vals) == 0) {
+            if (select_band(col, rows, kth, n_kth, vals) == 0) {
                 for (int64_t i = 0; i < n_kth; i++)
                     out[i * units + u0 + b] = vals[i];
                 continue;

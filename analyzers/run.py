@@ -897,8 +897,10 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         t0 = time.perf_counter()
         cframe = acc.colls.aligned_frame()
         # for the per-scope and per-link tables, which read the calls, not
-        # their clock offsets: a frame object of their own over the same arrays
-        mine = cframe.copy(deep=False) if several and cframe is not None else None
+        # their clock offsets: each a frame object of its own over the same
+        # arrays, made before the alignment
+        for_scope, for_links = (cframe.copy(deep=False), cframe.copy(deep=False)) \
+            if several and cframe is not None else (None, None)
         scopes = nodes.group_scope(cframe, hosts) if several else {}    # each group's scope, found once
         offsets, clock_table = clocks.align(cframe, rank_metas)
         clock.since("clock alignment", t0)
@@ -913,9 +915,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
                        meta.get("ddp_buckets"))
         # queued behind them, the smaller last, each taken by whichever
         # thread is free first
-        scope_of = _Beside(pool, nodes.scope_table, mine, hosts, scopes) if several else None
-        links_of = _Beside(pool, slowlinks.group_speeds, mine.copy(deep=False) if mine is not None else None,
-                           hosts) if several else None
+        scope_of = _Beside(pool, nodes.scope_table, for_scope, hosts, scopes) if several else None
+        links_of = _Beside(pool, slowlinks.group_speeds, for_links, hosts) if several else None
         t0 = time.perf_counter()
         per_host = nodes.per_host(steps, colls.rank_lateness(), hosts, cframe, scopes if several else None)
         _return_free_heap()
@@ -928,8 +929,7 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
             if not steps.empty and len(steps) <= SIDE_STEP_ROWS else None
         t0 = time.perf_counter()
         step_stragglers, fine_tables, scope, links = _results(early, fine, scope_of, links_of)
-        if not several:
-            scope, links = pd.DataFrame(), pd.DataFrame()
+        scope, links = (t if t is not None else pd.DataFrame() for t in (scope, links))
         if acc.colls.sample.stride > 1:     # exact calls and sizes, not the sample's
             counts = acc.colls.calls.frame()
             scope = nodes.with_counts(scope, counts, hosts, cframe, scopes)
