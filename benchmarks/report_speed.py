@@ -10,6 +10,17 @@ memory as ``/usr/bin/time -f %M`` reports it):
   columns=<the columns the report reads>)"``;
 - ``commprof report TRACE --format json -o /dev/null``.
 
+One untimed report runs first (``--untimed``), so that every timed scan
+follows a report and every timed report follows a scan, whatever ran
+before the benchmark: on a VM that hands freed memory back to its host a
+scan started straight after a process that freed ~2 GiB of huge pages
+(another scan, or the warm scan that ends this benchmark) reuses them and
+takes half the time (10 M events, 2026-12-06: a scan after a scan 0.90
+and 1.06 s, after a report 1.78 and 1.85 s; the report 1.67-1.94 s after
+either); without that round the first scan's time depended on what ran
+before the benchmark
+(benchmarks/results/report_speed/2026-12-06-34af182.md).
+
 It also prints the scan repeated inside one process (the allocator warm:
 the fastest a scan gets), for reference, measured last and in a child of
 its own: this process never holds the events, so every command here runs
@@ -72,6 +83,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default="/tmp/commprof-bench")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--untimed", type=int, default=1, metavar="N",
+                   help="untimed reports before the timed rounds (default 1: every timed scan then follows a report)")
     p.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     steps = max(1, args.events // (args.ranks * EVENTS_PER_STEP))
@@ -100,6 +113,8 @@ def main():
             f"pq.read_table(sys.argv[1], columns={REPORT_COLUMNS!r})", path]
     report = [sys.executable, "-m", "commprof", "report", path, "--format", "json", "-o", os.devnull]
     scans, runs, scan_cpu, run_cpu = [], [], [], []
+    for _ in range(args.untimed):
+        timed(report)
     for _ in range(args.repeats):  # interleaved, so both see the same machine
         scans.append(timed(scan, scan_cpu))
         runs.append(timed(report, run_cpu))
@@ -115,6 +130,7 @@ def main():
     # varies by x1.8 and more on a VM (its huge pages: below), so the pairs'
     # ratios say how much of a best-vs-best ratio is the scan's luck
     ratios = sorted(r / s for (s, _), (r, _) in zip(scans, runs))
+    print(f"untimed reports first: {args.untimed}")
     print(f"pairs (report / the scan just before it), {len(ratios)}: median x{statistics.median(ratios):.2f}, "
           f"range x{ratios[0]:.2f}-x{ratios[-1]:.2f}; scans {min(w for w, _ in scans):.2f}-"
           f"{max(w for w, _ in scans):.2f} s, reports {r_best:.2f}-{max(w for w, _ in runs):.2f} s")
