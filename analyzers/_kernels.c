@@ -138,6 +138,77 @@ static inline int64_t merge_sweep(const int64_t *s, const int64_t *e, const int8
     return row;
 }
 
+
+/* merge_sweep's figures for at most 6 sets, the same sums: a window's
+ * segments summed per cover pattern (int64 ns), then added to its figures
+ * once, as the window closes (the next window starts, or the boundaries
+ * end). Every term is a whole number of ns below 2^53, so each figure's sum
+ * is exact either way and the doubles are the same bit for bit. Without a
+ * branch on the times: the next start and the next end kept at hand, the
+ * boundary taken, the counts, pattern and segment updated by selection
+ * (which of a start or an end comes next is a coin toss to the branch
+ * predictor). A segment of no length adds 0 to its pattern, and +0.0 to
+ * figures that only ever grow from +0.0: the same bits. */
+static void flush_window(double *o, const uint32_t *cols, int64_t *acc, uint64_t *seen)
+{
+    for (uint64_t left = *seen; left; left &= left - 1) {
+        int p = __builtin_ctzll(left);
+        double len = (double)acc[p];
+        acc[p] = 0;
+        for (uint32_t c = cols[p], col = 0; c; col++, c >>= 1)
+            if (c & 1)
+                o[col] += len;
+    }
+    *seen = 0;
+}
+
+static inline int64_t merge_sweep_runs(const int64_t *s, const int64_t *e, const int8_t *lab, int64_t n,
+                                       const int64_t *order_s, const int64_t *order_e, int n_sets,
+                                       const uint32_t *cols, int m, double *out, int64_t row, int64_t n_win,
+                                       int64_t *win_rows, int64_t base)
+{
+    int64_t counts[8] = {0};
+    int64_t acc[64] = {0};
+    uint64_t seen = 0;
+    int64_t pattern = 0, a = 0, b = 0;
+    if (n <= 0)
+        return row;
+    int64_t ns = s[order_s[0]], ne = e[order_e[0]];
+    while (a < n || b < n) {
+        int start = a < n && (b >= n || ns <= ne);
+        int64_t j = start ? order_s[a] : order_e[b];
+        int64_t t = start ? ns : ne;
+        a += start;
+        b += !start;
+        int64_t ns2 = s[order_s[a < n ? a : n - 1]], ne2 = e[order_e[b < n ? b : n - 1]];
+        ns = a < n ? ns2 : ns;
+        ne = b < n ? ne2 : ne;
+        int f = lab[j];
+        if (f >= 0 && f <= n_sets) {
+            if (f == 0 && start) {
+                if (row + 1 >= n_win)
+                    return -2;
+                if (win_rows)
+                    win_rows[row + 1] = base + j;
+                if (row >= 0 && seen)
+                    flush_window(out + row * m, cols, acc, &seen);
+                row++;
+            }
+            counts[f] += start ? 1 : -1;
+            int64_t bit = f > 0 ? (int64_t)1 << (f - 1) : 0;
+            pattern = (pattern & ~bit) | (counts[f] > 0 ? bit : 0);
+        }
+        int more = a < n || b < n;
+        int64_t t2 = a < n && b < n ? (ns <= ne ? ns : ne) : (a < n ? ns : ne);
+        int64_t len = more && counts[0] > 0 && row >= 0 ? t2 - t : 0;
+        acc[pattern] += len;
+        seen |= (uint64_t)(len != 0) << pattern;
+    }
+    if (row >= 0 && seen)
+        flush_window(out + row * m, cols, acc, &seen);
+    return row;
+}
+
 /* commprof_pattern_sweep's segments, each added at once to the m columns
  * of out[row * m ..] whose weight for its pattern is 1 (weights: 2^n_sets
  * rows of m values, each 0 or 1), instead of to a 2^n_sets-wide table then
@@ -506,7 +577,8 @@ int64_t commprof_argsort_near(int64_t n, const int64_t *key, int64_t *order, int
  * entry n_lut; a collective, cat == comm_code, that blocks takes
  * blocking_label), each run's starts and ends sorted apart by insertion
  * (stable, as commprof_argsort_near) into the scratch order_s / order_e,
- * then commprof_pattern_weighted's merge and figures. The same windows and
+ * then commprof_pattern_weighted's merge and figures (merge_sweep_runs'
+ * for up to 6 sets). The same windows and
  * figures as _rank_keys, then pattern_table over the whole chunk: a rank's
  * keys are its own times shifted by one constant, its run's keys all lie
  * below the next rank's, and every interval of a run has ended before the
@@ -557,7 +629,10 @@ int64_t commprof_step_sweep(int64_t n_runs, const int64_t *run_lo, const int64_t
         }
         if ((uint64_t)last - (uint64_t)first >= (uint64_t)max_span)
             return -1;
-        row = merge_sweep(s, e, lb, n, order_s, order_e, n_sets, cols, m, out, row, max_win, win_rows, lo, 0);
+        row = n_sets <= 6 ? merge_sweep_runs(s, e, lb, n, order_s, order_e, n_sets, cols, m, out, row, max_win,
+                                             win_rows, lo)
+                          : merge_sweep(s, e, lb, n, order_s, order_e, n_sets, cols, m, out, row, max_win, win_rows,
+                                        lo, 0);
         if (row < -1)
             return -1;
     }
