@@ -15,11 +15,11 @@ follows a report and every timed report follows a scan, whatever ran
 before the benchmark: on a VM that hands freed memory back to its host a
 scan started straight after a process that freed ~2 GiB of huge pages
 (another scan, or the warm scan that ends this benchmark) reuses them and
-takes half the time (10 M events, 2026-12-06: a scan after a scan 0.90
-and 1.06 s, after a report 1.78 and 1.85 s; the report 1.67-1.94 s after
+takes about half the time (10 M events, 2026-12-06: a scan after a scan
+0.85-1.20 s, after a report 1.40-1.99 s; the report the same after
 either); without that round the first scan's time depended on what ran
-before the benchmark
-(benchmarks/results/report_speed/2026-12-06-34af182.md).
+before the benchmark (benchmarks/results/report_speed/2026-12-06-3db02ca.md,
+2026-12-06-1100b59.md).
 
 It also prints the scan repeated inside one process (the allocator warm:
 the fastest a scan gets), for reference, measured last and in a child of
