@@ -138,7 +138,6 @@ static inline int64_t merge_sweep(const int64_t *s, const int64_t *e, const int8
     return row;
 }
 
-
 /* merge_sweep's figures for at most 6 sets, the same sums: a window's
  * segments summed per cover pattern (int64 ns), then added to its figures
  * once, as the window closes (the next window starts, or the boundaries
@@ -577,8 +576,8 @@ int64_t commprof_argsort_near(int64_t n, const int64_t *key, int64_t *order, int
  * entry n_lut; a collective, cat == comm_code, that blocks takes
  * blocking_label), each run's starts and ends sorted apart by insertion
  * (stable, as commprof_argsort_near) into the scratch order_s / order_e,
- * then commprof_pattern_weighted's merge and figures (merge_sweep_runs'
- * for up to 6 sets). The same windows and
+ * then commprof_pattern_weighted's merge and figures (for up to 6 sets,
+ * merge_sweep_runs: the same sums). The same windows and
  * figures as _rank_keys, then pattern_table over the whole chunk: a rank's
  * keys are its own times shifted by one constant, its run's keys all lie
  * below the next rank's, and every interval of a run has ended before the
