@@ -87,6 +87,14 @@ static int weight_columns(int n_sets, const double *weights, int m, uint32_t *co
     return 0;
 }
 
+/* len added to the figures o[col] whose bit col is set in c. */
+static inline void add_to_figures(double *o, uint32_t c, double len)
+{
+    for (int col = 0; c; col++, c >>= 1)
+        if (c & 1)
+            o[col] += len;
+}
+
 /* The weighted sweep's merge of n intervals' starts and ends (order_s,
  * order_e: each a stable argsort; starts first at one instant): after each
  * boundary, the segment to the next instant is added to the figures
@@ -125,14 +133,8 @@ static inline int64_t merge_sweep(const int64_t *s, const int64_t *e, const int8
             } else {
                 t2 = a < n ? s[order_s[a]] : e[order_e[b]];
             }
-            if (t2 != t) {
-                double len = (double)(t2 - t);
-                double *o = out + row * m;
-                uint32_t c = cols[pattern];
-                for (int col = 0; c; col++, c >>= 1)
-                    if (c & 1)
-                        o[col] += len;
-            }
+            if (t2 != t)
+                add_to_figures(out + row * m, cols[pattern], (double)(t2 - t));
         }
     }
     return row;
@@ -152,11 +154,8 @@ static void flush_window(double *o, const uint32_t *cols, int64_t *acc, uint64_t
 {
     for (uint64_t left = *seen; left; left &= left - 1) {
         int p = __builtin_ctzll(left);
-        double len = (double)acc[p];
+        add_to_figures(o, cols[p], (double)acc[p]);
         acc[p] = 0;
-        for (uint32_t c = cols[p], col = 0; c; col++, c >>= 1)
-            if (c & 1)
-                o[col] += len;
     }
     *seen = 0;
 }
