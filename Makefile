@@ -12,7 +12,7 @@ OPS := $(VENV)/.commprof-ops
 DEMO_DIR ?= commprof-demo
 PYTEST_ARGS ?= --durations=25
 
-.PHONY: install demo lint docs test bench golden clean
+.PHONY: install demo lint docs test test-loaded bench golden clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,12 @@ test: $(STAMP) $(OPS) lint
 	$(TEST_ENV) $(PY) -m pytest -m "$(if $(MARK),($(MARK)) and )serial" $(PYTEST_ARGS) || b=$$?; \
 	echo "make test: parts exited $$a (on $(TEST_WORKERS) workers) and $$b (serial)"; \
 	{ [ $$a = 0 ] || [ $$a = 5 ]; } && { [ $$b = 0 ] || [ $$b = 5 ]; } && [ "$$a$$b" != 55 ]
+
+# The suite RUNS times (default 3) in a row, each from a fresh clone of HEAD
+# with its own environment, while one core is kept busy (.ci/test_loaded.sh).
+RUNS ?= 3
+test-loaded:
+	RUNS=$(RUNS) bash .ci/test_loaded.sh
 
 # Regenerate the golden reports of tests/golden/ (review the diff like code).
 golden: $(BASE)

@@ -16,6 +16,13 @@ from ..trace.files import atomic_write
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
 
+def elsewhere_path(out: str) -> str:
+    """The pointer a node without rank 0 finds beside its results path (the
+    worker's ``elsewhere_path``; the worker runs as a script, so the name is
+    kept in both)."""
+    return out + ".elsewhere"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -147,8 +154,10 @@ def bench(args) -> int:
             proc = subprocess.run(cmd, env=env)
         except FileNotFoundError:
             raise UsageError(f"command not found: {cmd[0]}")
-        if proc.returncode != 0 or not os.path.exists(out):
+        if proc.returncode != 0:
             raise UsageError(f"the benchmark failed (exit status {proc.returncode})")
+        if not os.path.exists(out):
+            return _elsewhere(elsewhere_path(out), args, out_dir)
         with open(out) as fh:
             doc = json.load(fh)
     doc["source"] = "bench"
@@ -166,6 +175,31 @@ def bench(args) -> int:
         sys.stdout.write(model_table(model))
     wrong = sum((r.get(m) or {}).get("wrong", 0) for r in doc["rows"] for m in ("out_of_place", "in_place"))
     return 1 if wrong else 0
+
+
+def _elsewhere(pointer: str, args, out_dir: Optional[str]) -> int:
+    """This node ran ranks of the benchmark but not rank 0 (a launcher per
+    node: torchrun per node, mpirun, pdsh): rank 0's node writes the results
+    and prints the report; this one says where they are and exits 0."""
+    try:
+        with open(pointer) as fh:
+            where = json.load(fh)
+    except (OSError, ValueError):
+        raise UsageError("the benchmark exited 0 but no rank wrote results or said where they are "
+                         "(is this a torch.distributed job?)")
+    files = [f for f in (getattr(args, "json", None), getattr(args, "model", None), getattr(args, "report", None))
+             if f] + ([out_dir] if out_dir else [])
+    sys.stderr.write(f"commprof: bench: this node ({where.get('host')}) ran ranks of a {where.get('world_size')}-rank "
+                     f"benchmark on {where.get('nodes')} node{'' if where.get('nodes') == 1 else 's'}; rank 0 ran on {where.get('rank0_host')}, whose "
+                     f"commprof bench prints the report" + (f" and writes {', '.join(files)}" if files else "")
+                     + " there\n")
+    if out_dir:
+        shards = os.path.join(out_dir, "shards")
+        if os.path.isdir(shards) and os.listdir(shards):
+            sys.stderr.write(f"commprof: bench: this node's ranks wrote their trace shards to {shards}: rank 0's "
+                             f"node merges them when -o is a folder all nodes share; otherwise its trace holds "
+                             f"only its own node's ranks\n")
+    return 0
 
 
 def _pairs_out(doc: Dict[str, Any], args) -> int:

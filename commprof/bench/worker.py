@@ -25,7 +25,7 @@ import socket
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 DTYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double", "int32": "int32"}
@@ -243,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--backend", default="auto")
-    p.add_argument("--out", required=True, help="rank 0 writes the results (JSON) here")
+    p.add_argument("--out", required=True, help="rank 0 writes the results (JSON) here; the first local rank of every other node writes OUT.elsewhere (rank 0's host)")
     p.add_argument("--trace-dir", default=None,
                    help="every rank writes its timed calls here as a commprof shard (source 'bench')")
     p.add_argument("--overlap", action="store_true",
@@ -358,14 +358,35 @@ def _write_results(torch, dist, device, rank, world, backend, args, results, ove
     for r in results:
         r["ranks_per_node"] = ppn
     if rank == 0:
-        doc = {"overlap": overlap, "pipeline": pipeline, "backend": backend, "world_size": world,
-               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "warmup": args.warmup, "iters": args.iters, "hosts": hosts, "nodes": len(per_host),
-               "ranks_per_node": ppn, "rows": results}
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, args.out)
+        _write_json(args.out, {"overlap": overlap, "pipeline": pipeline, "backend": backend, "world_size": world,
+                               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                               "warmup": args.warmup, "iters": args.iters, "hosts": hosts, "nodes": len(per_host),
+                               "ranks_per_node": ppn, "rows": results})
+    else:
+        _write_elsewhere(args.out, hosts, world, len(per_host))
+
+
+def _write_json(path: str, doc: Dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, path)
+
+
+def elsewhere_path(out: str) -> str:
+    """Where a rank that is not rank 0 says where the results went: a
+    launcher per node (torchrun per node, mpirun, pdsh) runs one ``commprof
+    bench`` per node, and only the node holding rank 0 gets the results."""
+    return out + ".elsewhere"
+
+
+def _write_elsewhere(out: str, hosts: List[Any], world: int, nodes: int) -> None:
+    """The first local rank of a node without rank 0 writes the pointer
+    (the others of that node write the same, to a name of their own
+    first)."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        _write_json(elsewhere_path(out), {"rank0_host": str(hosts[0]), "world_size": world, "nodes": nodes,
+                                          "host": socket.gethostname()})
 
 
 def main(argv=None) -> int:
@@ -463,14 +484,12 @@ def _pairs_main(torch, dist, device, rank, world, backend, args) -> int:
         samples = [{"round": k, "a": a, "b": b, "host_a": hosts[a], "host_b": hosts[b], "kind": kind,
                     "iteration": i, "bytes": nb, "seconds": sec} for (k, a, b, kind, i), (nb, sec) in
                    sorted(slowest.items())]
-        doc = {"mode": "pairs", "backend": backend, "world_size": world, "hosts": hosts,
-               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "warmup": args.warmup, "iters": args.iters, "bytes": big.numel() * 4, "rounds": rounds,
-               "samples": samples}
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, args.out)
+        _write_json(args.out, {"mode": "pairs", "backend": backend, "world_size": world, "hosts": hosts,
+                               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                               "warmup": args.warmup, "iters": args.iters, "bytes": big.numel() * 4,
+                               "rounds": rounds, "samples": samples})
+    else:
+        _write_elsewhere(args.out, hosts, world, len(set(map(str, hosts))))
     _leave(torch, dist, device)
     return 0
 

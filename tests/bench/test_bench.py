@@ -171,3 +171,33 @@ def test_pairs_bench_writes_a_trace_that_reports_the_same_pairs(tmp_path):
     assert ratio.between(0.97, 1.03).all(), (from_trace, from_json)
     proc = run(commprof_cmd("report", str(out)))
     assert proc.returncode == 0 and "Every pair measured" in proc.stdout, proc.stderr
+
+
+def test_a_launcher_per_node_on_one_host(tmp_path):
+    """Two `commprof bench` around one torchrun each (--nnodes 2, a node
+    rank each), on one host: both exit 0; the one holding rank 0 prints
+    the table and writes the JSON, the other names rank 0's host and
+    writes nothing."""
+    import socket
+    import subprocess
+
+    from helpers import venv_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for k in range(2):
+        cmd = commprof_cmd("bench", "--ops", "all_reduce", "--max-bytes", "4K", "--iters", "2", "--warmup", "1",
+                           "--json", str(tmp_path / f"b{k}.json"), "--", "torchrun", "--nnodes", "2", "--node-rank",
+                           str(k), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port))
+        procs.append(subprocess.Popen(cmd, env=venv_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    (out0, _), (out1, err1) = outs
+    assert "Out of bounds values : 0 OK" in out0 and json.loads((tmp_path / "b0.json").read_text())["world_size"] == 2
+    assert out1 == "" and not (tmp_path / "b1.json").exists()
+    host = socket.gethostname()
+    assert err1.strip().splitlines()[-1] == (
+        f"commprof: bench: this node ({host}) ran ranks of a 2-rank benchmark on 1 node; rank 0 ran on {host}, "
+        f"whose commprof bench prints the report and writes {tmp_path / 'b1.json'} there")
