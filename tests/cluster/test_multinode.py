@@ -180,20 +180,23 @@ def test_per_node_folders_are_one_job_and_a_slow_node_is_named(make_cluster, tmp
     assert "slow node in compute: node1" in proc.stdout
 
 
-def test_busbw_on_a_shaped_link_matches_the_link_rate(cluster_available, tmp_path):
+def test_busbw_on_a_shaped_link_is_the_calls_own(cluster_available, tmp_path):
     """The multi-node guide's by-hand command (tests/cluster/cluster.py
     around one record per node): large all_reduces across a 200 Mbit/s
-    link; the busbw the report shows is within 20 % of the link rate
-    (25 MB/s): a 2-rank ring moves S bytes per rank over its link, and
-    busbw = S / t for n = 2."""
+    link. The busbw the report shows is the calls' own: S / t (a 2-rank
+    ring, n = 2) with t the median of the same calls timed by the script's
+    own clock, within 15 %; and no faster than the shaper lets through.
+    How close to the link's rate TCP comes is the machine's
+    (benchmarks/shaped_links.py)."""
     from helpers import documented_scaled, run
 
-    out = str(tmp_path / "rec")
+    out, res = str(tmp_path / "rec"), tmp_path / "res"
+    res.mkdir()
     prefix = "python tests/cluster/cluster.py --nodes 2 --rate-mbit 200 -- \\\n"
     assert prefix in open(os.path.join(ROOT, "docs", "multi-node.md")).read()
     words = documented_scaled("docs/multi-node.md", "--node-rank {node_rank}", "a free port",
                               values={"--master-port": next_port()}, outputs={"/tmp/run": out},
-                              script=[MULTI, "--steps", "6", "--sync-bytes", str(4 << 20)])
+                              script=[MULTI, "--steps", "6", "--sync-bytes", str(4 << 20), "--result-dir", str(res)])
     before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
     proc = run([PY, os.path.join(ROOT, "tests", "cluster", "cluster.py"), "--nodes", "2", "--rate-mbit", "200", "--",
                 "commprof", *words], env=venv_env({"GLOO_SOCKET_IFNAME": "eth0"}), timeout=300)
@@ -204,8 +207,10 @@ def test_busbw_on_a_shaped_link_matches_the_link_rate(cluster_available, tmp_pat
     big = colls[(colls["op"] == "all_reduce") & (colls["bytes_per_call"] >= (4 << 20))]
     assert len(big) == 1, colls
     busbw = float(big["busbw_GBps"].iloc[0])
-    print(f"busbw {busbw:.4f} GB/s on a 0.025 GB/s link")
-    assert 0.8 * 0.025 <= busbw <= 1.2 * 0.025, busbw
+    own = [t for k in (0, 1) for t in json.loads((res / f"rank{k}.json").read_text())["sync_s"]]
+    theirs = (4 << 20) / float(np.median(own)) / 1e9
+    print(f"busbw {busbw:.4f} GB/s; the script's own clock: {theirs:.4f} GB/s; a 0.025 GB/s link")
+    assert busbw == pytest.approx(theirs, rel=0.15) and busbw <= 1.1 * 0.025, (busbw, theirs)
 
 
 def test_one_record_around_a_launcher_that_starts_every_node(make_cluster, tmp_path):
@@ -236,10 +241,12 @@ def test_one_record_around_a_launcher_that_starts_every_node(make_cluster, tmp_p
     assert lo <= off <= hi and hi - lo < 20.0, (lo, off, hi)
 
 
-def test_bench_beta_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_path):
+def test_bench_beta_on_a_shaped_link(make_cluster, tmp_path):
     """commprof bench's worker on two nodes joined by a 200 Mbit/s link: the
-    fitted beta of all_reduce (2 ranks: algbw = busbw = S / t) is within
-    20 % of the link rate (25 MB/s)."""
+    fitted beta of all_reduce (2 ranks: algbw = busbw = S / t) gives the
+    largest size's measured time back within 10 %, and is no faster than
+    the shaper lets through. How close to the link's rate it comes is the
+    machine's (benchmarks/shaped_links.py)."""
     from commprof.bench.launch import WORKER, model_of
 
     c = make_cluster(2, rate_mbit=200)
@@ -257,9 +264,13 @@ def test_bench_beta_on_a_shaped_link_matches_the_link_rate(make_cluster, tmp_pat
         doc = json.load(fh)
     assert all(r["in_place"]["wrong"] == 0 for r in doc["rows"])
     pieces = model_of(doc)["ops"]["all_reduce"]["float"]
-    beta = pieces[-1]["beta_Bps"]
+    p = pieces[-1]
+    beta = p["beta_Bps"]
     print(f"fitted beta {beta / 1e6:.1f} MB/s on a 25 MB/s link; pieces {pieces}")
-    assert 0.8 * 25e6 <= beta <= 1.2 * 25e6, pieces
+    last = max(doc["rows"], key=lambda r: r["bytes"])
+    t = (last["out_of_place"] or last["in_place"])["median_us"] * 1e-6
+    assert p["alpha_s"] + last["bytes"] / beta == pytest.approx(t, rel=0.10), (pieces, t)
+    assert 0 < beta <= 1.1 * 25e6, pieces
 
 
 GRID_RATE = 200      # Mbit/s: 25 MB/s; a 256 KiB two-node all_reduce ~10 ms, ~40 ms at a quarter

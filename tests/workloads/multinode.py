@@ -81,7 +81,7 @@ def main():
         a.sync_bytes = 4 * sum(p.numel() for p in model.parameters())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)
-    issues = []
+    issues, sync_s = [], []
     sync = None
     for step in range(a.steps):
         x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
@@ -106,12 +106,15 @@ def main():
         else:
             sync = torch.ones(a.sync_bytes // 4)
         issues.append(time.time_ns())  # CLOCK_REALTIME: not shifted by time namespaces
+        t0 = time.perf_counter()
         dist.all_reduce(sync)
+        sync_s.append(time.perf_counter() - t0)     # the call's time by the script's own clock
     if rank == a.skip_rank and a.linger_s:
         time.sleep(a.linger_s)
     if a.result_dir:
         with open(os.path.join(a.result_dir, f"rank{rank}.json"), "w") as fh:
-            json.dump({"rank": rank, "world": world, "host": socket.gethostname(), "issues_ns": issues}, fh)
+            json.dump({"rank": rank, "world": world, "host": socket.gethostname(), "issues_ns": issues,
+                       "sync_s": sync_s}, fh)
     last = torch.zeros(1)
     dist.all_reduce(last)
     wait_released([last] + ([sync] if sync is not None else []))
