@@ -70,7 +70,8 @@ def main() -> int:
         for k in range(a.runs):
             folder = tempfile.mkdtemp(prefix="kernrep")
             try:
-                rc, heap, kin, wall, err = one(os.path.join(folder, "rec"), a.window, a.steps, a.workload, a.record_opts.split())
+                rc, heap, kin, wall, err = one(os.path.join(folder, "rec"), a.window, a.steps, a.workload,
+                                               a.record_opts.split())
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             rows.append((k, rc, heap, kin, wall))
@@ -83,7 +84,8 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     clean = sum(1 for _, rc, heap, kin, _ in rows if rc == 0 and not heap and kin == 2)
     text = [f"# kernels_repeat, {datetime.date.today()}, commit {commit.strip()}", "",
-            f"    python benchmarks/kernels_repeat.py --runs {a.runs} --workload {a.workload} --window {a.window} --steps {a.steps}"
+            f"    python benchmarks/kernels_repeat.py --runs {a.runs} --workload {a.workload} --window {a.window}"
+            f" --steps {a.steps}"
             + (f" --load {a.load}" if a.load else "") + (f" --record-opts '{a.record_opts}'" if a.record_opts else ""),
             "",
             f"{clean} of {len(rows)} runs clean (exit 0, no heap error, a kernel trace per rank)"

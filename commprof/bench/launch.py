@@ -189,8 +189,10 @@ def _elsewhere(pointer: str, args, out_dir: Optional[str]) -> int:
                          "(is this a torch.distributed job?)")
     files = [f for f in (getattr(args, "json", None), getattr(args, "model", None), getattr(args, "report", None))
              if f] + ([out_dir] if out_dir else [])
+    nodes = where.get("nodes")
     sys.stderr.write(f"commprof: bench: this node ({where.get('host')}) ran ranks of a {where.get('world_size')}-rank "
-                     f"benchmark on {where.get('nodes')} node{'' if where.get('nodes') == 1 else 's'}; rank 0 ran on {where.get('rank0_host')}, whose "
+                     f"benchmark on {nodes} node{'' if nodes == 1 else 's'}; rank 0 ran on {where.get('rank0_host')}, "
+                     f"whose "
                      f"commprof bench prints the report" + (f" and writes {', '.join(files)}" if files else "")
                      + " there\n")
     if out_dir:

@@ -243,7 +243,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--backend", default="auto")
-    p.add_argument("--out", required=True, help="rank 0 writes the results (JSON) here; the first local rank of every other node writes OUT.elsewhere (rank 0's host)")
+    p.add_argument("--out", required=True, help="rank 0 writes the results (JSON) here; the first local rank of every "
+                   "other node writes OUT.elsewhere (rank 0's host)")
     p.add_argument("--trace-dir", default=None,
                    help="every rank writes its timed calls here as a commprof shard (source 'bench')")
     p.add_argument("--overlap", action="store_true",

@@ -82,9 +82,10 @@ def test_bench_under_a_launcher_per_node_on_five_nodes(make_cluster, tmp_path):
     port = 29897
     procs = []
     for node in c.nodes:
-        words = documented_scaled("docs/bench.md", "--nnodes 5 --node-rank K", "this node's rank, address and port; "
-                                  "sizes of a check", values={"--node-rank": node.index, "--master-addr": c.nodes[0].addr,
-                                                              "--master-port": port},
+        words = documented_scaled("docs/bench.md", "--nnodes 5 --node-rank K",
+                                  "this node's rank, address and port; sizes of a check",
+                                  values={"--node-rank": node.index, "--master-addr": c.nodes[0].addr,
+                                          "--master-port": port},
                                   outputs={"pairs.json": tmp_path / f"pairs{node.index}.json"},
                                   add=["--pairs-bytes", "64K", "--iters", "2", "--warmup", "1"])
         procs.append(node.popen(commprof_cmd(*words), env=venv_env({"GLOO_SOCKET_IFNAME": "eth0"}), cwd=ROOT,
