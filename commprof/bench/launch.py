@@ -12,15 +12,9 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import UsageError
 from ..trace.files import atomic_write
+from .worker import elsewhere_path
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-
-
-def elsewhere_path(out: str) -> str:
-    """The pointer a node without rank 0 finds beside its results path (the
-    worker's ``elsewhere_path``; the worker runs as a script, so the name is
-    kept in both)."""
-    return out + ".elsewhere"
 
 
 def _free_port() -> int:
