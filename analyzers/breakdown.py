@@ -23,7 +23,12 @@ and the shares add up to 100 % of step time.
 
 *Busy* shares: time covered by each category regardless of the others
 (communication = union of all collectives' issue→completion intervals),
-over step time; these do not add up to 100 %.
+over step time; these do not add up to 100 %. Compute busy counts only
+compute that ran: an instant inside a forward or backward interval in which
+the thread waits for a collective (a synchronous collective nested in a
+module, the reducer's wait) is not compute. *Overlap* is the time a
+collective is in flight while compute runs, so exposed comm + overlap is at
+most comm busy, for every framework.
 
 All ranks are analysed in one vectorised sweep: each rank's events are
 moved onto a private stretch of one int64 time line.
@@ -185,8 +190,12 @@ def _pattern_weights() -> np.ndarray:
     inflight = ~data & ~blocking & ~compute & bit[_COMM_ASYNC]
     other = ~(data | blocking | compute | inflight)
     comm_any = bit[_COMM_BLOCKING] | bit[_COMM_ASYNC]
+    # compute that ran: a compute interval with the thread not waiting for a
+    # collective (a synchronous gather inside a layer's forward is blocking
+    # communication, not overlap)
+    ran = bit[_COMPUTE] & ~(bit[_WAIT] | bit[_COMM_BLOCKING])
     return np.stack([data, blocking | inflight, compute, other, comm_any, data,
-                     bit[_COMPUTE], comm_any & bit[_COMPUTE]], axis=1).astype(np.float64)
+                     ran, comm_any & ran], axis=1).astype(np.float64)
 
 
 _WEIGHTS = _pattern_weights()

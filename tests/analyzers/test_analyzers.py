@@ -147,7 +147,8 @@ CATS = ["data", "compute", "comm", "wait"]
 def brute_force_step(events, t0, t1):
     """Per integer instant of [t0, t1): which category gets it (priority
     data > blocking comm > compute > comm in flight > other) and which are
-    busy."""
+    busy (compute busy and overlap count compute that ran: not while the
+    thread waits for a collective)."""
     exposed = dict(data=0, comm=0, compute=0, other=0)
     busy = dict(comm_busy=0, data_busy=0, compute_busy=0, overlap=0)
     for t in range(t0, t1):
@@ -160,8 +161,9 @@ def brute_force_step(events, t0, t1):
                 else "other"] += 1
         busy["comm_busy"] += comm
         busy["data_busy"] += data
-        busy["compute_busy"] += compute
-        busy["overlap"] += comm and compute
+        ran = compute and not blocking      # compute that ran: the thread is not waiting for a collective
+        busy["compute_busy"] += ran
+        busy["overlap"] += comm and ran
     return {**exposed, **busy}
 
 
@@ -200,6 +202,21 @@ def test_per_step_many_concurrent_intervals():
     assert r["comm_busy"] == 50_000 + 2999 - 10
     assert r["compute"] == 20_000 and r["comm"] == 50_000 + 2999 - 20_000
     assert r["overlap"] == 20_000 - 10
+
+
+def test_a_synchronous_collective_inside_a_forward_overlaps_nothing():
+    """FSDP on gloo: the layer's all_gather runs, blocking, inside the
+    forward's interval. It is exposed communication, not overlap, and the
+    forward's compute busy time leaves it out; an asynchronous one beside
+    compute that runs is overlap."""
+    rows = [ev(0, 0, "step", "step", 0, 1000), ev(0, 0, "compute", "forward", 0, 800),
+            ev(0, 0, "comm", "all_gather", 100, 400, blocking=True),
+            ev(0, 0, "comm", "reduce_scatter", 600, 900, blocking=False)]
+    r = breakdown.per_step(pd.DataFrame(rows)).iloc[0]
+    assert r["comm"] == 300 + 100          # the gather, and the async tail after the forward
+    assert r["compute_busy"] == 800 - 300
+    assert r["overlap"] == 200             # 600..800: async and compute that ran
+    assert r["comm"] + r["overlap"] <= r["comm_busy"] == 600
 
 
 def test_reversed_intervals_cover_nothing():
