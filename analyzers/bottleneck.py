@@ -155,12 +155,17 @@ SCALES_WELL = 90.0
 
 
 def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.DataFrame],
-             straggler: Dict[tuple, pd.DataFrame]) -> pd.DataFrame:
+             straggler: Dict[tuple, pd.DataFrame], sharded: Optional[Dict[tuple, dict]] = None) -> pd.DataFrame:
     """One row per finding: config, gpus, bound, finding, evidence, advice.
-    Per row of the breakdown: data, communication, a per-step broadcast,
-    compute, time outside regions, stragglers; "X dominates" when none
-    applies; then the trends across GPU counts."""
+    Per row of the breakdown: data, communication (FSDP's own where the
+    run is sharded: ``sharded``, analyzers/fsdp.py's summary per
+    configuration and GPU count), a per-step broadcast, compute, time
+    outside regions, stragglers; "X dominates" when none applies; then the
+    trends across GPU counts."""
+    from .fsdp import findings as fsdp_rows
+
     rows: List[dict] = []
+    sharded = sharded or {}
     for _, r in breakdown.iterrows():
         key = (r["config"], r["gpus"])
         base = {"config": r["config"], "gpus": int(r["gpus"])}
@@ -169,7 +174,9 @@ def findings(breakdown: pd.DataFrame, colls: pd.DataFrame, skew: Dict[tuple, pd.
         bound = max(shares, key=lambda k: -1 if pd.isna(shares[k]) else shares[k])
         ev_shares = (f"step time: comm {_fmt_pct(r['comm_pct'])}, data {_fmt_pct(r['data_pct'])}, "
                      f"compute {_fmt_pct(r['compute_pct'])}, other {_fmt_pct(r['other_pct'])}")
-        found = _data_rows(r, ev_shares) + _comm_rows(r, colls, skew.get(key))
+        comm = fsdp_rows(r, sharded[key], _claim(r, "comm", COMM_BOUND), _share(r, "comm")) \
+            if key in sharded else _comm_rows(r, colls, skew.get(key))
+        found = _data_rows(r, ev_shares) + comm
         bc = _step_broadcast(r, colls, skew.get(key))
         if bc is not None:
             found.append(bc)

@@ -6,6 +6,7 @@ between weight updates.
 of its backward and the start of its optimizer step (DDP's buckets, Horovod's
 tensors or fused groups, DeepSpeed's gradient all-reduces / ZeRO
 reduce-scatters), in issue order: bucket k of a step is the k-th of them.
+FSDP's collectives are not buckets: analyzers/fsdp.py reads them per layer.
 Times are on aligned clocks (the per-rank offsets of :mod:`.clocks`), so
 "waiting for peers" is the latest issue minus this rank's issue and
 "transfer" the mean completion minus the latest issue.
@@ -127,7 +128,9 @@ def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS,
         ph[c] = ph[c].fillna(0.0)
     ph["o0"] = ph["o0"].fillna(ph["s1"])
     ph["o1"] = ph["o1"].fillna(ph["s1"])
-    comm = ev[(cat == "comm").to_numpy(bool)].join(ph[["b0", "o0"]], on=key, how="inner").reset_index(drop=True)
+    # FSDP's gathers and reduce-scatters are per layer, not buckets (analyzers/fsdp.py)
+    is_comm = (cat == "comm").to_numpy(bool) & (ev["source"] != "fsdp").to_numpy(bool)
+    comm = ev[is_comm].join(ph[["b0", "o0"]], on=key, how="inner").reset_index(drop=True)
     comm = comm[(comm["t_start"] >= comm["b0"]) & (comm["t_start"] < comm["o0"])]
     comm = comm.sort_values(key + ["t_start"])
     grads = pd.DataFrame({

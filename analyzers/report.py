@@ -194,7 +194,8 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
         colls = scaling.collectives_table(runs)
         skews = scaling.skew_tables(runs)
         strag, fine = side.result()
-    ends_t, finds = _failures(runs, _findings(table, colls, skews, strag, per_run, mism, pairs, fine))
+    sharded, sharded_sum = _sharded(runs, table)
+    ends_t, finds = _failures(runs, _findings(table, colls, skews, strag, per_run, mism, pairs, fine, sharded_sum))
     tables = {}
     if len(ends_t):
         tables["failure"] = Table("The job failed: how each rank ended (first to end first)", ends_t,
@@ -207,6 +208,9 @@ def build_report(runs, warmup: int = 1, pairs: Sequence[Tuple[str, dict]] = (),
                                        for c in study.columns])
     tables.update(_gpu_tables(runs))
     tables.update(_fine_tables(fine))
+    if len(sharded):
+        tables["fsdp_layers"] = Table("Sharded data parallel (FSDP): per layer, per measured step and rank",
+                                      sharded, FSDP_TABLE_COLUMNS)
     tables["collectives"] = Table("Collectives by message size", colls, COLLECTIVE_COLUMNS)
     tables["skew"] = Table("Arrival skew across ranks (same collective, latest - earliest issue)",
                            scaling.stack(skews), SKEW_COLUMNS)
@@ -232,12 +236,31 @@ def _mismatches(runs) -> Dict[tuple, pd.DataFrame]:
     return mism
 
 
-def _findings(table, colls, skews, strag, per_run, mism, pairs, fine) -> pd.DataFrame:
+def _sharded(runs, table: pd.DataFrame):
+    """FSDP's per-layer table (analyzers/fsdp.py) of the first run of each
+    (configuration, GPU count) with FSDP collectives, and what the
+    findings read of it per (configuration, GPU count)."""
+    from . import fsdp, scaling
+
+    per, summ = {}, {}
+    for key, members in scaling.run_groups(runs).items():
+        r = members[0]
+        rows = getattr(r, "sharded", None)
+        if rows is None or rows.empty:
+            continue
+        groups = r.meta.get("fsdp_groups")
+        per[key] = fsdp.layer_table(rows, groups)
+        steps_ns = float(r.steps["step_time"].mean()) if len(r.steps) else 0.0
+        summ[key] = dict(fsdp.summary(rows, steps_ns, groups), framework=r.meta.get("framework"))
+    return scaling.stack(per), summ
+
+
+def _findings(table, colls, skews, strag, per_run, mism, pairs, fine, sharded=None) -> pd.DataFrame:
     """Every finding before the failure's: the study's, the nodes', the
     pairs bench's and the fine grain's."""
     from . import bottleneck
 
-    finds = bottleneck.findings(table, colls, skews, strag)
+    finds = bottleneck.findings(table, colls, skews, strag, sharded or {})
     finds = pd.concat([finds, bottleneck.node_findings(per_run["nodes"], mism, table, per_run["links"])],
                       ignore_index=True)
     finds = _with_pairs(finds, pairs)
@@ -342,6 +365,15 @@ BUCKET_TABLE_COLUMNS = [
     ("issue_to_done_ms", "issue->done ms", ".2f"), ("wait_ms", "waiting ms", ".2f"),
     ("transfer_ms", "transfer ms", ".2f"), ("tail_ms", "exposed tail ms", ".2f"), ("last_rank", "last rank", ".0f"),
     ("last_pct", "last in %", ".0f"), ("params", "holds", ""), ("source", "issued by", ""),
+]
+FSDP_TABLE_COLUMNS = [
+    ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("layer", "layer", ""),
+    ("params MiB", "params MiB", ".2f"), ("dtype", "dtype", ""), ("gathers/step", "gathers", ".1f"),
+    ("gather ms", "gather ms", ".2f"), ("gather exposed ms", "exposed ms", ".2f"),
+    ("prefetched %", "prefetched %", ".0f"), ("regathers/step", "re-gathers", ".1f"),
+    ("regather ms", "re-gather ms", ".2f"), ("regather exposed ms", "exposed ms", ".2f"),
+    ("regathers prefetched %", "prefetched %", ".0f"), ("reduce op", "reduction", ""), ("reduce ms", "reduce ms", ".2f"), ("reduce exposed ms", "exposed ms", ".2f"),
+    ("after backward ms", "after backward ms", ".2f"), ("step end waits %", "step end waits %", ".0f"),
 ]
 GATE_TABLE_COLUMNS = [
     ("config", "configuration", ""), ("gpus", "GPUs", "d"), ("gate", "gate", ""), ("steps_pct", "steps %", ".0f"),

@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import breakdown, buckets, clocks, kernels, nodes, slowlinks, stragglers
+from . import breakdown, buckets, clocks, fsdp, kernels, nodes, slowlinks, stragglers
 from .collectives import CollectiveStats, _codes as _dict_codes, _run_sums, _sums_per_key, call_times
 from .events import CAT_CODES, Events, _codes, _np, device_times
 from .timeline import timeline, window
@@ -71,6 +71,8 @@ class RunAnalysis:
     #: the fine grain (analyzers/buckets.py), aligned clocks, <= buckets.MAX_STEPS steps per rank
     fine_phases: pd.DataFrame = field(default_factory=pd.DataFrame)     # per (rank, step)
     fine_grads: pd.DataFrame = field(default_factory=pd.DataFrame)      # per (rank, step, bucket)
+    #: sharded data parallel: FSDP's collectives per (rank, step, layer, phase) (analyzers/fsdp.py)
+    sharded: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: seconds spent per analysis stage (``commprof report --timings``)
     timings: Dict[str, float] = field(default_factory=dict)
     #: (k, calls): clock alignment, scope, link and per-host bandwidth tables
@@ -544,6 +546,8 @@ class FineGrain:
     def __init__(self):
         self.events: List[pa.Table] = []
         self.sampled = Frames()
+        #: FSDP's collectives per (rank, step, layer, phase) (analyzers/fsdp.py), made in rows()
+        self.sharded = pd.DataFrame()
 
     def add(self, fine) -> None:
         if fine is not None:        # (the sampled steps' events, those steps): a few per cent of a chunk
@@ -558,6 +562,8 @@ class FineGrain:
         ev = pa.concat_tables(self.events, promote_options="permissive").to_pandas()
         self.events = []
         sampled = self.sampled.finish()
+        # sharded data parallel: FSDP's collectives per layer and phase (not buckets)
+        self.sharded = fsdp.rank_rows(ev, sampled) if fsdp.is_sharded(ev) else pd.DataFrame()
         return buckets.rank_rows(ev, sampled, sampled=sampled)
 
     def finish(self, offsets: Dict[int, int], rows: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None):
@@ -825,6 +831,10 @@ def _run_meta(meta: dict, rank_metas: List[dict], steps: pd.DataFrame, batch_siz
                   if m.get("ddp_buckets")), None)
     if names:
         meta["ddp_buckets"] = names
+    groups = next(((m.get("fsdp") or {}).get("groups") for m in sorted(rank_metas, key=lambda r: r.get("rank", 0))
+                   if (m.get("fsdp") or {}).get("groups")), None)
+    if groups:
+        meta["fsdp_groups"] = groups
     return meta
 
 
@@ -942,6 +952,6 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         telemetry=acc.telemetry.finish(), phases=acc.phases.finish(),
         kernel_shares=acc.kernel_shares.finish(), gpu_breakdown=acc.gpu_breakdown.finish(),
         clocks=clock_table, offsets=offsets, hosts=hosts, nodes=per_host, scope=scope, links=links,
-        fine_phases=fine_phases, fine_grads=fine_grads, timings=clock.spent,
+        fine_phases=fine_phases, fine_grads=fine_grads, sharded=acc.fine.sharded, timings=clock.spent,
         comm_sample=(acc.colls.sample.stride, acc.colls.sample.calls), step_stragglers=step_stragglers,
         step_figures=step_figures, fine_tables=fine_tables)

@@ -117,6 +117,7 @@ def breakdown_table(runs: List[RunAnalysis], peak: Optional[float] = None) -> pd
             "batch_per_rank": _nanmean([t["batch_per_rank"] for t in tps]),
             "epoch_s": float(dataset) / samples if dataset and samples > 0 else np.nan,
             "loader": meta.get("loader"), "loader_workers": meta.get("loader_workers"),
+            "framework": meta.get("framework"),
             **flops_columns(meta, samples, gpus, peak),
         })
     table = pd.DataFrame(rows)

@@ -3,7 +3,8 @@ every layer, then the root) or FSDP1 (``FullyShardedDataParallel`` with
 ``device_id=cpu``), a model of known layers, for commprof's tests.
 
     torchrun --nproc_per_node 2 tests/workloads/fsdp.py --steps 6
-    ... --prefetch              # FSDP2: each layer prefetches the next one's gather in forward
+    ... --prefetch              # FSDP2: each layer prefetches the next one's gather in forward,
+                                # asynchronously (on gloo a synchronous prefetch overlaps nothing)
     ... --delay-layer 1 --delay-ms 30   # planted compute in layer 1's forward
     ... --fsdp1                 # FSDP1 instead, one wrap per layer
     ... --oracle DIR            # per step, torch's CommDebugMode counts (the test's oracle)
@@ -85,6 +86,7 @@ def main() -> None:
             mods = list(model.layers) + [model.head]
             for cur, nxt in zip(mods, mods[1:]):
                 cur.set_modules_to_forward_prefetch([nxt])
+            model._set_unshard_async_op(True)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     counts, losses = [], []

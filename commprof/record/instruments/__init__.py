@@ -11,6 +11,7 @@ from .dali import DaliInstrument
 from .dataloader import DataLoaderInstrument
 from .ddp import DDPInstrument
 from .deepspeed import DeepSpeedInstrument
+from .fsdp import FSDPInstrument
 from .horovod import HorovodInstrument
 from .module import ModuleInstrument
 from .optim import OptimizerInstrument
@@ -23,6 +24,7 @@ ALL = {cls.name: cls for cls in (
     DataLoaderInstrument,
     CollectivesInstrument,
     DDPInstrument,
+    FSDPInstrument,
     HorovodInstrument,
     DeepSpeedInstrument,
     DaliInstrument,

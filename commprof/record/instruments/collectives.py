@@ -6,7 +6,9 @@ S in bytes as nccl-tests define it, dtype, group, group size, the per-group
 sequence number, issue time, and completion time: the return time for
 blocking calls, the completion of the Work's future for ``async_op=True``.
 Calls made from inside another recorded collective (the DDP hook's own
-allreduce, object collectives) are not recorded twice."""
+allreduce, object collectives) are not recorded twice. A call FSDP issues
+(tagged by instruments/fsdp.py) is recorded with source ``fsdp`` and detail
+``"<phase> <layer>"``."""
 from __future__ import annotations
 
 import functools
@@ -114,12 +116,14 @@ class CollectivesInstrument(Instrument):
                 nbytes, dtype = size_of(rule, values, gsize)
                 seq = rec.next_seq(gname)
                 step = rec.step
+                tag = getattr(tls, "fsdp", None)    # issued by FSDP (instruments/fsdp.py): its phase and layer
+                src, det = (source, fname) if tag is None else ("fsdp", f"{tag[0]} {tag[1]}")
                 rid = rec.nvtx.start(op)
                 t0 = now()
                 dev = rec.dev_begin()
-                if is_async:
+                if is_async and tag is None:    # (FSDP's async gathers do not split the backward: not buckets)
                     rec.comm_issued(t0)
-                rec.comm_started(gname, seq, op, nbytes, t0, dtype, source, step, gsize)
+                rec.comm_started(gname, seq, op, nbytes, t0, dtype, src, step, gsize)
             except Exception as exc:
                 inst.fail(exc)
                 return original(*args, **kwargs)
@@ -139,16 +143,16 @@ class CollectivesInstrument(Instrument):
                     rec.nvtx.end(rid)
                     # after a blocking call the current stream waits for the
                     # work (NCCL): the end event marks its device completion
-                    rec.collective(op, source, fname, t0, t1, nbytes, dtype,
+                    rec.collective(op, src, det, t0, t1, nbytes, dtype,
                                    gname, gsize, seq, step, blocking=True, dev=dev)
                 else:
-                    def done(fut, _rid=rid):
+                    def done(fut, _rid=rid, src=src, det=det):
                         t1 = now()
                         try:
                             rec.nvtx.end(_rid)
                             # torch runs done-callbacks of CUDA futures on a
                             # stream that waits for the work
-                            rec.collective(op, source, fname, t0, t1, nbytes, dtype,
+                            rec.collective(op, src, det, t0, t1, nbytes, dtype,
                                            gname, gsize, seq, step, blocking=False, dev=dev)
                         except Exception as exc:
                             inst.fail(exc)

@@ -18,11 +18,27 @@ from .base import Instrument, leading_dim
 from ..recorder import now
 
 
+def model_class(module) -> str:
+    """The model's own class name: through ``torch.compile``'s
+    ``OptimizedModule`` (``_orig_mod``) and FSDP2's per-module subclass
+    (``FSDP<Class>``, bases ``(FSDPModule, Class)``)."""
+    for _ in range(8):
+        cls = type(module)
+        if cls.__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+            module = module._orig_mod
+            continue
+        if any(b.__name__ == "FSDPModule" for b in cls.__bases__[:-1]) and cls.__name__.startswith("FSDP"):
+            return cls.__bases__[-1].__name__
+        return cls.__name__
+    return type(module).__name__
+
+
 def describe(module) -> str:
-    name = type(module).__name__
-    inner = getattr(module, "module", None)
-    if inner is not None and name in ("DistributedDataParallel", "DataParallel"):
-        return f"{name}({type(inner).__name__})"
+    name = model_class(module)
+    inner = getattr(module, "_orig_mod", module)
+    inner = getattr(inner, "module", None)
+    if inner is not None and name in ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"):
+        return f"{name}({model_class(inner)})"
     return name
 
 
