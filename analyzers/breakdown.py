@@ -22,8 +22,8 @@ So communication hidden under compute or data counts as compute or data,
 and the shares add up to 100 % of step time.
 
 *Busy* shares: time covered by each category regardless of the others
-(communication = union of all collectives' issue→completion intervals),
-over step time; these do not add up to 100 %. Compute busy counts only
+(communication = union of all collectives' issue→completion intervals and
+the waits for them), over step time; these do not add up to 100 %. Compute busy counts only
 compute that ran: an instant inside a forward or backward interval in which
 the thread waits for a collective (a synchronous collective nested in a
 module, the reducer's wait) is not compute. *Overlap* is the time a
@@ -189,7 +189,9 @@ def _pattern_weights() -> np.ndarray:
     compute = ~data & ~blocking & bit[_COMPUTE]
     inflight = ~data & ~blocking & ~compute & bit[_COMM_ASYNC]
     other = ~(data | blocking | compute | inflight)
-    comm_any = bit[_COMM_BLOCKING] | bit[_COMM_ASYNC]
+    # busy communication: a collective in flight, or the thread waiting for
+    # one (the wait may outlast the completion the collective's callback saw)
+    comm_any = bit[_COMM_BLOCKING] | bit[_COMM_ASYNC] | bit[_WAIT]
     # compute that ran: a compute interval with the thread not waiting for a
     # collective (a synchronous gather inside a layer's forward is blocking
     # communication, not overlap)

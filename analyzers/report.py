@@ -86,8 +86,8 @@ NOTES = [
     "Shares are of step time (end of one optimizer step to the end of the next), time-weighted "
     "over measured steps and ranks; exposed shares add up to 100 %: data > blocking comm > compute "
     "> comm in flight > other. 'comm busy %' is the union of all collectives' issue-to-completion "
-    "time (hidden communication included); 'overlap %' is the part of that time during which "
-    "compute runs too (HTA's definition).",
+    "time and the waits for them (hidden communication included); 'overlap %' is the part of that "
+    "time during which compute runs too (HTA's definition; compute a collective blocks is not running).",
     "algbw = S / latency, busbw = algbw x nccl-tests factor (all_reduce 2(n-1)/n; reduce_scatter, "
     "all_gather (n-1)/n with S the full array; broadcast 1); medians over calls, GB = 1e9 bytes.",
     "speedup and efficiency are relative to the smallest GPU count of each configuration; "
@@ -372,7 +372,8 @@ FSDP_TABLE_COLUMNS = [
     ("gather ms", "gather ms", ".2f"), ("gather exposed ms", "exposed ms", ".2f"),
     ("prefetched %", "prefetched %", ".0f"), ("regathers/step", "re-gathers", ".1f"),
     ("regather ms", "re-gather ms", ".2f"), ("regather exposed ms", "exposed ms", ".2f"),
-    ("regathers prefetched %", "prefetched %", ".0f"), ("reduce op", "reduction", ""), ("reduce ms", "reduce ms", ".2f"), ("reduce exposed ms", "exposed ms", ".2f"),
+    ("regathers prefetched %", "prefetched %", ".0f"), ("reduce op", "reduction", ""),
+    ("reduce ms", "reduce ms", ".2f"), ("reduce exposed ms", "exposed ms", ".2f"),
     ("after backward ms", "after backward ms", ".2f"), ("step end waits %", "step end waits %", ".0f"),
 ]
 GATE_TABLE_COLUMNS = [

@@ -200,6 +200,14 @@ class Trace:
         return bk.gate_table(paths, bk.bucket_table(a.fine_phases, a.fine_grads, a.world_size,
                                                     a.meta.get("ddp_buckets")))
 
+    def fsdp_layers(self, **kw) -> pd.DataFrame:
+        """Sharded data parallel (FSDP2, FSDP1): per layer, its gathers,
+        re-gathers and reductions per step and rank, exposed time, the
+        share issued ahead (prefetch), the tail after backward and how
+        often the step's end waited last for it (analyzers/fsdp.py)."""
+        t = self.report(**kw).tables.get("fsdp_layers")
+        return t.frame if t is not None else pd.DataFrame()
+
     def update_delays(self, **kw) -> pd.DataFrame:
         """Delays between weight updates per rank: distribution and what fills them."""
         t = self.report(**kw).tables.get("updates")

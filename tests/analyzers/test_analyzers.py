@@ -157,9 +157,10 @@ def brute_force_step(events, t0, t1):
         blocking = any(e["category"] == "wait" or (e["category"] == "comm" and e["blocking"]) for e in on)
         compute = any(e["category"] == "compute" for e in on)
         comm = any(e["category"] == "comm" for e in on)
+        busy_comm = comm or any(e["category"] == "wait" for e in on)
         exposed["data" if data else "comm" if blocking else "compute" if compute else "comm" if comm
                 else "other"] += 1
-        busy["comm_busy"] += comm
+        busy["comm_busy"] += busy_comm      # collectives in flight and the waits for them
         busy["data_busy"] += data
         ran = compute and not blocking      # compute that ran: the thread is not waiting for a collective
         busy["compute_busy"] += ran

@@ -93,7 +93,7 @@ def main() -> None:
     for step in range(a.steps):
         x, y = torch.randn(a.batch, a.dim, generator=g), torch.randint(0, 10, (a.batch,), generator=g)
         if a.oracle:
-            from torch.distributed._tools.comm_mode import CommDebugMode
+            from torch.distributed.tensor.debug import CommDebugMode
 
             mode = CommDebugMode()
             with mode:
