@@ -52,6 +52,20 @@ IN_FLIGHT = "in flight when the rank ended"
 LAST_KEPT = 32
 
 
+def stale_records(recs: List[Dict[str, Any]]) -> set:
+    """ids of the ring records without a completion that cannot be in
+    flight: a later step's collective on the same group completed after
+    them (a group runs its collectives in order, and a training step
+    waits for its own). Their completion was not seen (a slot rewritten
+    while its done-callback ran); they are not what the rank was inside."""
+    last_done: Dict[str, int] = {}
+    for r in recs:
+        if r["t_done"] is not None:
+            last_done[r["group"]] = max(last_done.get(r["group"], -1), int(r["step"]))
+    return {id(r) for r in recs
+            if r["t_done"] is None and int(r["step"]) < last_done.get(r["group"], -1)}
+
+
 def _ring_rows(folder: str, table: pa.Table, meta: Dict[str, Any]) -> List[tuple]:
     """The ring records a killed rank's journal lacks (the last flush did
     not come): completed ones as collectives, those in flight as
@@ -71,8 +85,9 @@ def _ring_rows(folder: str, table: pa.Table, meta: Dict[str, Any]) -> List[tuple
     # out, as before it became a rank, stay out); its ring still says what it
     # was inside when it ended
     closed = meta.get("status") == "complete"
+    stale = stale_records(recs)
     for r in recs:
-        if (r["group"], r["seq"]) in have:
+        if (r["group"], r["seq"]) in have or id(r) in stale:     # (a stale one's times are unknown)
             continue
         done = r["t_done"] is not None
         if not done:
@@ -85,7 +100,9 @@ def _ring_rows(folder: str, table: pa.Table, meta: Dict[str, Any]) -> List[tuple
                                  r["group_size"] or None, r["seq"], r["source"] != "ddp_reducer"))
     end["in_flight"] = inflight
     end["recovered"] = len(rows) - len(inflight)
-    end["step"] = (inflight[-1] if inflight else recs[-1])["step"]  # the metadata's may be a flush old
+    # the step the rank reached: its last issued collective's (in flight or
+    # not; the metadata's may be a flush old)
+    end["step"] = recs[-1]["step"]
     # the last collectives, for the cross-rank match of a failed run
     # (trace.metadata.run_metadata keeps them only when the run failed)
     end["last"] = [[r["group"], r["seq"], r["op"], r["bytes"], r["dtype"], r["source"], r["t_done"] is not None,

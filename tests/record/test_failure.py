@@ -140,3 +140,19 @@ def test_a_clean_run_has_no_failure_section(tmp_path):
     assert "failure" not in rep.tables and fail.empty
     meta = assemble.open_run(out)[0]
     assert [e["how"] for e in meta["ends"]] == ["exit", "exit"] and not any("last" in e for e in meta["ends"])
+
+
+def test_a_record_whose_completion_was_not_seen_is_not_called_in_flight(tmp_path):
+    """A group runs its collectives in order: a record of step 9 without a
+    completion, on a group whose step-12 collective completed, was not in
+    flight when the rank ended (its completion was missed); one on another
+    group without a later completion may be."""
+    w = ring.RingWriter(str(tmp_path / "h.1.py.ring"), slots=16)
+    w.issue("g", 5, "all_reduce", 8, "float32", "torch.distributed", 9, 100)
+    w.issue("g", 6, "all_reduce", 8, "float32", "torch.distributed", 12, 200)
+    w.done("g", 6, 250)
+    w.issue("h", 0, "all_reduce", 8, "float32", "torch.distributed", 12, 300)
+    w.close()
+    recs = ring.read_process(str(tmp_path), "h", 1)
+    stale = assemble.stale_records(recs)
+    assert [(r["group"], r["seq"]) for r in recs if id(r) in stale] == [("g", 5)]
