@@ -277,6 +277,9 @@ def _notes(runs, warmup: int) -> List[str]:
             notes.append(f"{r.meta['path']}: clock alignment, the per-scope medians, the inter-node links and "
                          f"the per-node bandwidth read one collective instance in {k} ({calls:,} calls; whole "
                          "instances, every rank); counts and all other tables read every call.")
+        if r.meta.get("compile_steps_left_out"):
+            notes.append(f"{r.meta['path']}: {r.meta['compile_steps_left_out']} (rank, step) pair(s) in which "
+                         "torch.compile compiled graphs are left out of the step statistics, like the warm-up.")
         if r.meta.get("salvaged_ranks"):
             notes.append(f"{r.meta['path']}: rank(s) {r.meta['salvaged_ranks']} were killed; "
                          "their events up to the last flush are included.")

@@ -117,6 +117,7 @@ class ChunkRows:
     #: measured steps without times, compact types: a column at a time
     #: (arrays of their own, no frame built); None: no measured step
     compact: Optional[Dict[str, np.ndarray]] = None
+    compiled: int = 0                           # measured steps left out: torch.compile compiled in them
     comm: Optional[pa.Table] = None             # collectives of the measured steps
     kernels: Optional[Tuple[pd.DataFrame, pd.DataFrame]] = None   # (shares, GPU breakdown) per rank
     telemetry: Optional[pd.DataFrame] = None    # GPU metrics per rank
@@ -146,8 +147,13 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     ev = Events.of(chunk)
     # breakdown.measured(breakdown.per_step(ev), warmup), as arrays: no frame of the steps
     steps = breakdown.step_arrays(ev)
+    compiled = 0
     if steps is not None:
         keep = breakdown.measured_mask(steps["rank"], steps["step"], warmup)
+        hot = _compiling_steps(chunk, ev, steps)
+        if hot is not None:     # steps in which torch.compile compiled: left out like the warm-up
+            compiled = int((keep & hot).sum())
+            keep &= ~hot
         if not keep.all():
             at = np.flatnonzero(keep)       # taken by index: one pass over the mask, not one a column
             steps = {c: v[at] for c, v in steps.items()}
@@ -158,9 +164,29 @@ def sweep(chunk: pa.Table, warmup: int, multi_host: bool) -> ChunkRows:
     masks = _event_masks(ev, span, sampled)
     comm = _comm_rows(chunk, ev.rank, ev.step, ev.cat, span, multi_host, masks[0] if masks is not None else None)
     return ChunkRows({c: v.astype(_COMPACT[c]) for c, v in steps.items() if c not in ("t_start", "t_end")},
+                     compiled,
                      comm, _kernel_rows(chunk, ev), _telemetry_rows(chunk, ev), _phase_rows(chunk, ev),
                      _fine_rows(chunk, ev, sampled, masks[1] if masks is not None else None), span,
                      call_times(comm) if comm is not None and comm.num_rows else None)
+
+
+#: the metric the recorder writes for a step in which torch.compile compiled
+COMPILED = "compiled_graphs"
+
+
+def _compiling_steps(chunk: pa.Table, ev: Events, steps: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
+    """Mask of the steps (rows of ``steps``) in which torch.compile compiled
+    graphs (a ``compiled_graphs`` metric of that rank and step); None: none."""
+    at = np.flatnonzero(ev.cat == CAT["metric"])
+    if not len(at):
+        return None
+    names = chunk.column("name").take(pa.array(at)).to_numpy(zero_copy_only=False).astype(str)
+    hit = at[names == COMPILED]
+    if not len(hit):
+        return None
+    pairs = set(zip(ev.rank[hit].tolist(), ev.step[hit].tolist()))
+    return np.fromiter(((r, s) in pairs for r, s in zip(steps["rank"].tolist(), steps["step"].tolist())),
+                       bool, len(steps["rank"]))
 
 
 #: the categories the fine grain reads (analyzers/buckets.py)
@@ -628,6 +654,7 @@ class _Accumulators:
     kernel_shares: Frames = field(default_factory=Frames)
     gpu_breakdown: Frames = field(default_factory=Frames)
     fine: FineGrain = field(default_factory=FineGrain)
+    compiled: int = 0       # measured (rank, step) pairs left out: torch.compile compiled in them
     colls: Collectives = field(init=False)
     timeline: Timeline = field(init=False)
 
@@ -640,6 +667,7 @@ class _Accumulators:
         thread of their own); None: here."""
         if rows.compact is not None:
             self.steps.add_arrays(rows.compact)
+        self.compiled += rows.compiled
         self.telemetry.add(rows.telemetry)
         self.phases.add(rows.phases)
         self.fine.add(rows.fine)
@@ -919,6 +947,8 @@ def _analyze_chunks(chunks, meta: dict, rank_metas: List[dict], warmup: int,
         fine_phases, fine_grads = acc.fine.finish(offsets, fine_rows.result())
         clock.since("collectives and fine grain folded" + (" (a second pass)" if acc.colls.passes > 1 else ""), t0)
         meta = _run_meta(meta, rank_metas, steps, batch_size)
+        if acc.compiled:
+            meta["compile_steps_left_out"] = acc.compiled
         # the fine grain's tables, beside the per-host table (they were the
         # report's single-threaded end: 10 M events, ~0.08 s)
         fine = _Beside(pool, buckets.run_tables, fine_phases, fine_grads, int(meta.get("world_size") or 1),

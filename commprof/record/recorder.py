@@ -26,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..trace.schema import Event
 from . import ranks as _ranks
@@ -87,6 +87,11 @@ class Recorder:
         self.native_groups: Dict[str, Any] = {}
         self.native = None
         self.timer = None
+        #: callbacks run once when the current step ends (after_step)
+        self.at_step_end: List[Callable[[], None]] = []
+        #: Dynamo's counters once torch.compile is in use, and its graph count at the last step end
+        self._dynamo = None
+        self._graphs = 0
         self.capturing = 0
         self.telemetry = None
         self.kernels = KernelWindow(self.config.kernels)
@@ -394,12 +399,44 @@ class Recorder:
         if self.clock.release():
             self.end_step(now(), source)
 
+    def _compiled_in(self, step: int, t_end: int) -> None:
+        """A step in which torch.compile compiled graphs gets a metric
+        ``compiled_graphs`` (source ``torch.compile``, value: how many): the
+        report leaves such steps out of its step statistics, like the
+        warm-up."""
+        dyn = self._dynamo
+        if dyn is None:
+            utils = sys.modules.get("torch._dynamo.utils")
+            if utils is None:
+                return
+            dyn = self._dynamo = getattr(utils, "counters", None)
+            if dyn is None:
+                return
+        try:
+            graphs = int(dyn["stats"]["unique_graphs"])
+        except Exception:
+            return
+        if graphs != self._graphs:
+            self.emit(Event(step, "metric", "compiled_graphs", "torch.compile", None, t_end, t_end,
+                            value=float(graphs - self._graphs)))
+            self._graphs = graphs
+
+    def after_step(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once when the current step ends (an instrument's
+        work that must not happen inside a compiled region)."""
+        self.at_step_end.append(fn)
+
     def end_step(self, t_end: int, source: str) -> None:
         """Close the current step at ``t_end``."""
         step, start, items = self.clock.close(t_end)
         self.emit(Event(step, "step", "step", source, None, start, t_end, items=items))
         if self.native is not None:
             self.native.set_step(self.clock.step)
+        if self.at_step_end:
+            todo, self.at_step_end = self.at_step_end, []
+            for fn in todo:
+                fn()
+        self._compiled_in(step, t_end)
         if self.kernels.window is not None:
             self.kernels.at_step(self.clock.step, self.run_info,
                                  self.shard_dir if self.state == "active" else None, self.host, self.pid)

@@ -8,6 +8,7 @@ so the training's results and exit code never depend on commprof.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 from ..log import log_once
@@ -117,3 +118,11 @@ def leading_dim(obj: Any, _depth: int = 0) -> Optional[int]:
             if n is not None:
                 return n
     return None
+
+
+def compiling() -> bool:
+    """Whether Dynamo is tracing this call (torch.compile): a hook then adds
+    nothing to the graph (a call Dynamo cannot trace is a graph break)."""
+    torch = sys.modules.get("torch")
+    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(fn()) if fn is not None else False

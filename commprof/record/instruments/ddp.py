@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import weakref
 
-from .base import Instrument, tensor_bytes
+from .base import Instrument, compiling, tensor_bytes
 from ..recorder import now
 
 
@@ -53,6 +53,11 @@ class DDPInstrument(Instrument):
         self.patch(DDP, "__init__", self._wrap_init)
         self.patch(DDP, "register_comm_hook", self._wrap_register)
         self.patch(DDP, "_register_builtin_comm_hook", self._wrap_builtin)
+        self._first = {}          # id(DDP) -> its first-forward holder, until that forward or a compile
+        import torch
+
+        if hasattr(torch, "compile"):
+            self.patch(torch, "compile", self._wrap_compile)
 
     def _wrap_init(self, original):
         inst = self
@@ -64,20 +69,55 @@ class DDPInstrument(Instrument):
                 try:
                     inst.check_fault()
                     inst.rec.run_info.setdefault("framework", "ddp")
-                    holder = {}
+                    holder = {"ran": False, "compiled": False}
 
                     def first_forward(module, args):
+                        if compiling():     # traced by Dynamo: nothing of ours in the graph (see below)
+                            return
+                        holder["ran"] = True
                         holder["h"].remove()
+                        inst._first.pop(id(module), None)
                         inst._ensure_default_hook(module)
+
+                    def after_first_step(ddp=ddp):
+                        # a DDP whose forward runs compiled never calls the hook above
+                        # (torch.compile(DDP(...)) takes it out, see _wrap_compile; in
+                        # a traced hook its body is empty): its hooks are set after the
+                        # first step, outside the graph
+                        if not holder["ran"]:
+                            inst._ensure_default_hook(ddp, compiled=True)
 
                     holder["h"] = ddp.register_forward_pre_hook(first_forward)
                     inst.handle(holder["h"])
+                    inst._first[id(ddp)] = holder
+                    inst.rec.after_step(after_first_step)
                 except Exception as exc:
                     inst.fail(exc)
 
         return __init__
 
-    def _ensure_default_hook(self, ddp) -> None:
+    def _wrap_compile(self, original):
+        """torch.compile(DDP(...)): the DDP's first-forward pre-hook is taken
+        out before Dynamo sees it (traced, it would add a graph break, and
+        its removal a recompile); the DDP is then set up after the first
+        step. Any other use of torch.compile is untouched."""
+        inst = self
+
+        @functools.wraps(original)
+        def compile(*args, **kwargs):
+            out = original(*args, **kwargs)
+            try:
+                inner = getattr(out, "_orig_mod", None)
+                holder = inst._first.pop(id(inner), None) if inner is not None else None
+                if holder is not None and not holder["ran"]:
+                    holder["h"].remove()
+            except Exception as exc:
+                inst.fail(exc)
+            return out
+
+        return compile
+
+    def _ensure_default_hook(self, ddp, compiled: bool = False) -> None:
         if not self.active:
             return
         if ddp._comm_hooks:
@@ -85,7 +125,7 @@ class DDPInstrument(Instrument):
             return
         try:
             if self.rec.config.ddp_timing != "comm-hook" and hasattr(ddp.process_group, "register_pre_hook"):
-                self._group_hooks(ddp)
+                self._group_hooks(ddp, compiled)
                 return
         except Exception as exc:
             self.fail(exc)
@@ -149,7 +189,7 @@ class DDPInstrument(Instrument):
         self._pg_hooked = {}
         self._python_hooked = set()
 
-    def _group_hooks(self, ddp) -> None:
+    def _group_hooks(self, ddp, compiled: bool = False) -> None:
         pg = ddp.process_group
         hooks = self._pg_hooked.get(id(pg))
         if hooks is None or hooks.pg() is not pg:
@@ -158,8 +198,21 @@ class DDPInstrument(Instrument):
         # bucket names: read after a forward (DDP rebuilds its buckets in step 1's),
         # never from the process-group hooks (the Reducer holds its lock there)
         holder = {"tries": 0}
+        if compiled:    # at step ends (a hook on a compiled DDP would recompile it)
+            def at_step_end():
+                holder["tries"] += 1
+                try:
+                    if not (_note_buckets(self.rec, ddp) or holder["tries"] >= 16):
+                        self.rec.after_step(at_step_end)
+                except Exception:
+                    pass
+
+            self.rec.after_step(at_step_end)
+            return
 
         def after_forward(module, args, output):
+            if compiling():     # traced by Dynamo (a compiled DDP): no call of ours in its graph
+                return
             holder["tries"] += 1
             try:
                 if _note_buckets(self.rec, module) or holder["tries"] >= 16:  # never rebuilt: no names

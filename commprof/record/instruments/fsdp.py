@@ -60,7 +60,6 @@ class FSDPInstrument(Instrument):
         self._fqn1 = {}         # FSDP1: id(wrapped module) -> FQN
         v2 = self._install_fsdp2()
         v1 = self._install_fsdp1()
-        self.rec.run_info.setdefault("fsdp", {"groups": {}})
         if not (v2 or v1):
             log_once("fsdp-internals", "fsdp: this torch's FSDP internals differ from those commprof knows; "
                      "FSDP's collectives are recorded as plain collectives (no layer or phase)")
@@ -109,11 +108,12 @@ class FSDPInstrument(Instrument):
             return False
         forward, pre_backward = state.FORWARD, state.PRE_BACKWARD
         tls = self.rec.tls
-        self.rec.run_info["framework"] = "fsdp2"
 
         def unshard_phase(args, prev):
             group = args[0]
             fqn = layer_name(group._module_fqn)
+            if id(group) not in self._groups:   # FSDP2 in use (its module is imported by torch.compile, DDP ...)
+                self.rec.run_info["framework"] = "fsdp2"
             self._note_group(id(group), fqn, lambda: _fsdp2_info(group))
             if prev is not None and prev[0] in ("forward_prefetch", "backward_prefetch") and prev[1] is None:
                 return (prev[0], fqn)
@@ -176,8 +176,8 @@ class FSDPInstrument(Instrument):
         def unshard_phase(args, prev):
             handle = args[1] if len(args) > 1 else None
             fqn = fqn_of(handle)
-            self.rec.run_info["framework"] = "fsdp1"
-            if handle is not None:
+            if handle is not None and id(handle) not in self._groups:
+                self.rec.run_info["framework"] = "fsdp1"
                 self._note_group(id(handle), fqn, lambda: _fsdp1_info(handle))
             if prev is not None and prev[0] in ("forward_prefetch", "backward_prefetch"):
                 return (prev[0], fqn)

@@ -11,7 +11,9 @@ FLOPs: the first training forward of each root with parameters runs under
 in the post-hook; numerics unchanged, a few ms of dispatch on that one
 warm-up batch): forward FLOPs and the batch size go into the rank's
 metadata for FLOP/s and MFU. A failure there only switches the counting
-off."""
+off. A torch.compile'd root (``OptimizedModule``) is not counted: Dynamo
+does not compile under a dispatch mode, so its first compile would move a
+step later."""
 from __future__ import annotations
 
 from .base import Instrument, leading_dim
@@ -57,6 +59,13 @@ class ModuleInstrument(Instrument):
         self._stack = []
         self._flops_done = set()  # root details counted
         self._flop = None         # (mode, id(module), items) while counting
+        self._m = m
+        self._global = []
+        self._paused = False      # discovery paused around a compiled root's forward
+        self._start_discovery()
+
+    def _start_discovery(self) -> None:
+        m = self._m
         self._global = [
             m.register_module_forward_pre_hook(self._g_pre),
             m.register_module_forward_hook(self._g_post, always_call=True),
@@ -69,6 +78,19 @@ class ModuleInstrument(Instrument):
             h.remove()
         self._global = []
 
+    def _compiled_root(self, module) -> None:
+        """A torch.compile'd root (``OptimizedModule``) at depth 0 during
+        discovery: the global hooks are taken out for its forward (Dynamo
+        would trace them into its graph and guard on them: their removal
+        after the first step would recompile it) and put back after it;
+        the root is timed by its own hooks from this call on."""
+        if id(module) not in self._roots:
+            self._add_root(module)
+            # this call's instance pre-hooks were read before ours ran: time it here
+            self._stack.append(self._begin(module, ()))
+        self._stop_discovery()
+        self._paused = True
+
     # -- discovery (global hooks) -------------------------------------------
     def _g_pre(self, module, args):
         if not self.active:
@@ -79,6 +101,9 @@ class ModuleInstrument(Instrument):
                 if self.rec.step >= 1:
                     self._add_root(module)
                     self._stop_discovery()
+                    return None
+                if type(module).__name__ == "OptimizedModule":
+                    self._compiled_root(module)
                     return None
                 if id(module) not in self._roots:
                     self._add_root(module)
@@ -108,6 +133,11 @@ class ModuleInstrument(Instrument):
         if self._flop is not None or detail in self._flops_done or not self._torch.is_grad_enabled():
             return
         try:
+            if type(module).__name__ == "OptimizedModule":
+                # torch.compile'd: under a FLOP counter (a dispatch mode) Dynamo
+                # would run this forward eagerly and compile one step later
+                self._flops_done.add(detail)
+                return
             if not any(p.requires_grad for p in module.parameters()):
                 return
             items = leading_dim(args)
@@ -169,6 +199,10 @@ class ModuleInstrument(Instrument):
         try:
             if self._stack:
                 self._end(module, self._stack.pop())
+            if self._paused:        # after a compiled root's forward: discovery goes on
+                self._paused = False
+                if self.rec.step < 1:
+                    self._start_discovery()
         except Exception as exc:
             self.fail(exc)
         return None
