@@ -53,6 +53,8 @@ def _step_broadcast(r, colls: pd.DataFrame, sk) -> Optional[dict]:
     wait for late ranks would move elsewhere without it), or None."""
     if not len(colls):
         return None
+    if _framework(r) not in ("ddp", ""):
+        return None     # DDP's buffer broadcast: not in a job without DDP
     b = colls[(colls["config"] == r["config"]) & (colls["gpus"] == r["gpus"]) & (colls["op"] == "broadcast")
               & (colls["source"] == "torch.distributed")]
     per_step = float(b["calls_per_step"].sum()) / _runs(r) if len(b) else 0.0
@@ -231,24 +233,48 @@ def _comm_rows(r, colls: pd.DataFrame, sk: Optional[pd.DataFrame]) -> List[dict]
                 f"{_fmt_pct(overlap)}, {calls_per_step:.1f} collectives/step averaging "
                 f"{med_bytes / 2**20:.2f} MiB")
     out = []
+    fw = _framework(r)
     if calls_per_step >= 8 and med_bytes < 2**20:
         out.append({"finding": "many small collectives", "evidence": evidence,
-                    "advice": "fuse them: raise DDP bucket_cap_mb (default 25) "
-                              "or HOROVOD_FUSION_THRESHOLD; avoid per-parameter collectives"})
+                    "advice": "fuse them: " + _by_framework(fw, {
+                        "ddp": "raise DDP bucket_cap_mb (default 25)",
+                        "horovod": "raise HOROVOD_FUSION_THRESHOLD",
+                        "deepspeed": "raise DeepSpeed's reduce_bucket_size / allgather_bucket_size"})
+                    + "; avoid per-parameter collectives"})
     if not pd.isna(overlap) and overlap < 50:
         out.append({"finding": "communication is not hidden behind compute", "evidence": evidence,
-                    "advice": "overlap gradient reduction with backward: DDP with static_graph=True "
-                              "and gradient_as_bucket_view=True, avoid find_unused_parameters; "
-                              "DeepSpeed overlap_comm=true; Horovod backward_passes_per_step"})
+                    "advice": "overlap gradient reduction with backward: " + _by_framework(fw, {
+                        "ddp": "DDP with static_graph=True and gradient_as_bucket_view=True, avoid "
+                               "find_unused_parameters",
+                        "deepspeed": "DeepSpeed overlap_comm=true",
+                        "horovod": "Horovod backward_passes_per_step"})})
     if not pd.isna(wait) and wait > 30:
         out.append({"finding": "ranks wait for late peers in collectives",
                     "evidence": f"{evidence}; {wait:.0f} % of collective time is arrival skew",
                     "advice": "fix the imbalance before tuning the network (see stragglers)"})
     out.append({"finding": "communication-bound" + claim, "evidence": evidence,
-                "advice": "send fewer bytes (fp16/bf16 gradients or a compression comm hook), "
-                          "a larger per-rank batch, hierarchical/NCCL tuning; DeepSpeed: the lowest "
-                          "ZeRO stage that fits in memory"})
+                "advice": "send fewer bytes (fp16/bf16 gradients" + (" or a compression comm hook"
+                                                                     if fw in ("ddp", "") else "")
+                          + "), a larger per-rank batch, hierarchical/NCCL tuning"
+                          + ("; DeepSpeed: the lowest ZeRO stage that fits in memory" if fw in ("deepspeed", "")
+                             else "")})
     return out
+
+
+def _framework(r) -> str:
+    """The breakdown row's framework ("" where not known)."""
+    fw = r.get("framework")
+    return "" if fw is None or (isinstance(fw, float) and pd.isna(fw)) or fw == "none" else str(fw)
+
+
+def _by_framework(fw: str, advice: Dict[str, str]) -> str:
+    """The advice for this framework; every framework's where it is not
+    known (never another framework's where it is)."""
+    if fw in advice:
+        return advice[fw]
+    if fw:
+        return "the framework's bucketing / fusion of gradients"
+    return "; ".join(advice.values())
 
 
 def _compute_rows(r, breakdown: pd.DataFrame, ev_shares: str) -> List[dict]:

@@ -8,10 +8,12 @@ blocking calls, the completion of the Work's future for ``async_op=True``.
 Calls made from inside another recorded collective (the DDP hook's own
 allreduce, object collectives) are not recorded twice. A call FSDP issues
 (tagged by instruments/fsdp.py) is recorded with source ``fsdp`` and detail
-``"<phase> <layer>"``."""
+``"<phase> <layer>"``; one Lightning or Accelerate issued (a metric sync, a
+broadcast, a barrier) with source ``lightning`` / ``accelerate``."""
 from __future__ import annotations
 
 import functools
+import sys
 
 from .base import Instrument, tensor_bytes
 from ..log import log_once
@@ -45,6 +47,33 @@ SPECS = {
     # (torch.distributed.utils._sync_params_and_buffers); S = all of them
     "_broadcast_coalesced": ("broadcast", ("process_group", "tensors", "buffer_size", "src"), "inlist"),
 }
+
+
+#: training frameworks whose own collectives (metric syncs, broadcasts,
+#: barriers) are recorded under their name: module prefix -> source
+DRIVERS = (("pytorch_lightning", "lightning"), ("lightning_fabric", "lightning"), ("lightning", "lightning"),
+           ("accelerate", "accelerate"))
+_driver_of_code: dict = {}      # code object of the first caller outside torch -> source or None
+
+
+def driver_of(frame) -> "str | None":
+    """The framework that issued a collective: the module of the first
+    calling frame outside torch and commprof, when it is one of
+    :data:`DRIVERS` (cached per code object: a short walk up the stack)."""
+    f = frame
+    for _ in range(24):
+        if f is None:
+            return None
+        name = f.f_globals.get("__name__", "") or ""
+        if not (name.startswith("torch.") or name.startswith("commprof.") or name in ("functools", "contextlib")):
+            code = f.f_code
+            hit = _driver_of_code.get(code, 0)
+            if hit == 0:
+                hit = next((src for prefix, src in DRIVERS if name == prefix or name.startswith(prefix + ".")), None)
+                _driver_of_code[code] = hit
+            return hit
+        f = f.f_back
+    return None
 
 
 def size_of(rule, values, group_size):
@@ -118,6 +147,8 @@ class CollectivesInstrument(Instrument):
                 step = rec.step
                 tag = getattr(tls, "fsdp", None)    # issued by FSDP (instruments/fsdp.py): its phase and layer
                 src, det = (source, fname) if tag is None else ("fsdp", f"{tag[0]} {tag[1]}")
+                if tag is None and src == "torch.distributed":
+                    src = driver_of(sys._getframe(1)) or src   # Lightning's, Accelerate's own
                 rid = rec.nvtx.start(op)
                 t0 = now()
                 dev = rec.dev_begin()
