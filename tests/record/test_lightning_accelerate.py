@@ -1,7 +1,8 @@
-"""Lightning (``ddp`` and ``ddp_spawn``) recorded unchanged, real processes
-on CPU: Lightning's own collectives (its metric sync, broadcast, barrier)
-are Lightning's, never DDP's; ``optimizer.step(closure)`` splits into
-forward, backward and optimizer; a spawning parent is not a rank."""
+"""Lightning (``ddp`` and ``ddp_spawn``) and ``accelerate launch`` recorded
+unchanged, real processes on CPU: the framework's own collectives
+(Lightning's metric sync, broadcast, barrier; Accelerate's gather) are its
+own, never DDP's; ``optimizer.step(closure)`` splits into forward, backward
+and optimizer; a spawning parent is not a rank."""
 import os
 
 import pytest
@@ -39,3 +40,15 @@ def test_lightnings_collectives_are_lightnings(record_once, strategy):
         assert len(fwd) and len(bwd) and len(opt) == 1, d[["name", "t_start", "t_end"]]
         assert opt["t_start"].iloc[0] >= bwd["t_end"].max() >= fwd["t_end"].max()
     assert len(trace.buckets()) == 1        # the bucket is found between backward and optimizer
+
+
+def test_accelerates_collectives_are_accelerates(record_once):
+    pytest.importorskip("accelerate")
+    wl = os.path.join(ROOT, "tests", "workloads", "tiny_accelerate.py")
+    proc, out = record_once(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                             "--mixed_precision", "no", "--dynamo_backend", "no", wl, "--steps", str(STEPS)])
+    assert proc.returncode == 0, why_failed(proc)
+    trace = commprof.load(out)
+    by = trace.collectives().groupby(["op", "source"])["calls_per_step"].sum().to_dict()
+    assert by.get(("all_reduce", "ddp_reducer"), 0) == 1.0 and by.get(("all_gather", "accelerate"), 0) == 1.0, by
+    assert trace.analysis().meta["world_size"] == 2
