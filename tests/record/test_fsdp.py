@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 import commprof
-from helpers import ROOT, run, why_failed
+from helpers import ROOT, documented_record, run, why_failed
 
 WL = os.path.join(ROOT, "tests", "workloads", "fsdp.py")
 STEPS = 6
@@ -18,7 +18,10 @@ LAYERS = {"layers.0", "layers.1", "layers.2", "head"}
 
 
 def _job(*args, steps=STEPS):
-    return ["torchrun", "--standalone", "--nproc_per_node=2", WL, "--steps", str(steps), *args]
+    """The FSDP guide's record command, its script this workload."""
+    options, cmd = documented_record("docs/fsdp.md", "torchrun", script=[WL, "--steps", str(steps), *args])
+    assert not options
+    return cmd
 
 
 def _fsdp_comm(out):

@@ -16,7 +16,7 @@ from commprof.record.instruments import ALL
 # The framework instruments install when their modules are imported: import
 # them here, before any test's leak snapshot (some add import finders).
 # Each is optional: a test that needs one skips without it.
-FRAMEWORKS = ("deepspeed", "horovod.torch", "nvidia.dali.plugin.pytorch")
+FRAMEWORKS = ("deepspeed", "horovod.torch", "nvidia.dali.plugin.pytorch", "torch.distributed.fsdp")
 for _name in FRAMEWORKS:
     try:
         importlib.import_module(_name)

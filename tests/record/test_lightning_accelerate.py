@@ -8,7 +8,7 @@ import os
 import pytest
 
 import commprof
-from helpers import ROOT, why_failed
+from helpers import ROOT, documented_record, why_failed
 
 pytest.importorskip("pytorch_lightning")
 
@@ -18,7 +18,9 @@ STEPS = 8
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_lightnings_collectives_are_lightnings(record_once, strategy):
-    proc, out = record_once(["python", WL, "--strategy", strategy, "--steps", str(STEPS)])
+    options, cmd = documented_record("docs/fsdp.md", "-- python train.py",
+                                     script=[WL, "--strategy", strategy, "--steps", str(STEPS)])
+    proc, out = record_once(cmd, *options)
     assert proc.returncode == 0, why_failed(proc)
     trace = commprof.load(out)
     assert trace.analysis().meta["world_size"] == 2 and sorted(trace.events()["rank"].unique()) == [0, 1]
@@ -45,8 +47,8 @@ def test_lightnings_collectives_are_lightnings(record_once, strategy):
 def test_accelerates_collectives_are_accelerates(record_once):
     pytest.importorskip("accelerate")
     wl = os.path.join(ROOT, "tests", "workloads", "tiny_accelerate.py")
-    proc, out = record_once(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                             "--mixed_precision", "no", "--dynamo_backend", "no", wl, "--steps", str(STEPS)])
+    options, cmd = documented_record("docs/fsdp.md", "accelerate launch", script=[wl, "--steps", str(STEPS)])
+    proc, out = record_once(cmd, *options)
     assert proc.returncode == 0, why_failed(proc)
     trace = commprof.load(out)
     by = trace.collectives().groupby(["op", "source"])["calls_per_step"].sum().to_dict()
