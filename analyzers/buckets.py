@@ -129,7 +129,7 @@ def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame, max_steps: int = MAX_STEPS,
     ph["o0"] = ph["o0"].fillna(ph["s1"])
     ph["o1"] = ph["o1"].fillna(ph["s1"])
     # FSDP's gathers and reduce-scatters are per layer, not buckets (analyzers/fsdp.py)
-    is_comm = (cat == "comm").to_numpy(bool) & (ev["source"] != "fsdp").to_numpy(bool)
+    is_comm = (cat == "comm").to_numpy(bool) & ~ev["source"].isin(("fsdp", "zero3")).to_numpy(bool)
     comm = ev[is_comm].join(ph[["b0", "o0"]], on=key, how="inner").reset_index(drop=True)
     comm = comm[(comm["t_start"] >= comm["b0"]) & (comm["t_start"] < comm["o0"])]
     comm = comm.sort_values(key + ["t_start"])

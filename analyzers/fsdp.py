@@ -31,7 +31,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
-SOURCE = "fsdp"
+#: the sources of sharded data parallel's collectives: FSDP's, ZeRO-3's
+SOURCES = ("fsdp", "zero3")
 #: phase (the detail's first word) -> kind
 KIND = {"forward": "gather", "forward_prefetch": "gather", "unshard": "gather",
         "backward": "regather", "backward_prefetch": "regather", "reduce": "reduce"}
@@ -46,7 +47,7 @@ _DATA, _COMPUTE, _BLOCK, _ASYNC = 0, 1, 2, 3
 
 def is_sharded(ev: pd.DataFrame) -> bool:
     """Whether any of these events is one of FSDP's collectives."""
-    return bool(len(ev)) and bool((ev["source"].astype(str) == SOURCE).any())
+    return bool(len(ev)) and bool(ev["source"].astype(str).isin(SOURCES).any())
 
 
 def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -56,7 +57,7 @@ def rank_rows(ev: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     ``ev``: fine-grain events; ``steps``: the sampled steps (rank, step,
     s0, s1: start and end, analyzers/buckets.py)."""
     src = ev["source"].astype(str).to_numpy()
-    if not (src == SOURCE).any():
+    if not np.isin(src, SOURCES).any():
         return pd.DataFrame(columns=ROW_COLUMNS)
     ranks = np.unique(ev["rank"].to_numpy())[:MAX_RANKS]
     out: List[dict] = []
@@ -134,7 +135,7 @@ def _one_rank(rank: int, er: pd.DataFrame, sr: pd.DataFrame) -> List[dict]:
     details = er["detail"].astype(str).to_numpy()
     nbytes = er["bytes"].to_numpy(np.float64) if "bytes" in er else np.zeros(len(er))
     out = []
-    for i in np.flatnonzero(src == SOURCE):
+    for i in np.flatnonzero(np.isin(src, SOURCES)):
         if kind[i] not in (_BLOCK, _ASYNC):
             continue
         phase, _, layer = details[i].partition(" ")
@@ -257,6 +258,8 @@ def findings(r, summ: dict, claim: Optional[str], comm_share: str) -> List[dict]
     granularity, the root's group, the step end's last wait. No DDP or
     Horovod advice."""
     out: List[dict] = []
+    if str(summ.get("framework") or "") == "deepspeed":
+        return _zero3_findings(summ, claim, comm_share)
     version = 1 if str(summ.get("framework") or "") == "fsdp1" else 2
     step_ms = float(r.get("step_ms_median") or 0.0)
     groups = summ.get("groups") or {}
@@ -356,4 +359,35 @@ def _wrapping(groups: dict, version: int) -> List[dict]:
                                 "wraps (embeddings, the head): the root gathers them first in forward with nothing "
                                 "to hide behind",
                     "advice": f"wrap those modules separately with {unit} (the root keeps only what is left)"})
+    return out
+
+
+def _zero3_findings(summ: dict, claim: Optional[str], comm_share: str) -> List[dict]:
+    """DeepSpeed ZeRO-3's counterparts of FSDP's findings (its config keys)."""
+    out: List[dict] = []
+    advice = {
+        "gather": ("ZeRO-3 forward all-gathers are exposed",
+                   "raise stage3_prefetch_bucket_size (parameters gathered ahead of their module); "
+                   "overlap_comm=true; stage3_param_persistence_threshold keeps small parameters gathered"),
+        "regather": ("ZeRO-3 backward re-gathers are exposed",
+                     "raise stage3_max_reuse_distance / stage3_max_live_parameters (parameters kept gathered "
+                     "from forward to backward, more memory); stage3_prefetch_bucket_size"),
+        "reduce": ("ZeRO-3 gradient reduce-scatters are exposed",
+                   "overlap_comm=true, a larger reduce_bucket_size; communication_data_type bf16 halves the "
+                   "bytes (check convergence)"),
+    }
+    for kind, (finding, text) in advice.items():
+        k = summ.get(kind) or {}
+        if k.get("exposed_pct", 0) >= EXPOSED_FINDING:
+            out.append({"finding": finding,
+                        "evidence": f"{k.get('calls', 0):.1f} {kind} collectives/step take "
+                                    f"{k.get('busy_ns', 0) / 1e6:.2f} ms, {k.get('exposed_ns', 0) / 1e6:.2f} ms "
+                                    f"exposed ({k.get('exposed_pct', 0):.1f} % of step time); exposed comm "
+                                    f"{comm_share}",
+                        "advice": text})
+    if claim is not None:
+        out.append({"finding": "communication-bound" + claim, "evidence": f"exposed comm {comm_share}",
+                    "advice": "ZeRO-3 gathers every parameter twice and reduces every gradient once per step: "
+                              "the lowest ZeRO stage that fits in memory, bf16 communication, a larger per-rank "
+                              "batch, hierarchical partitioning (zero_hpz_partition_size) across nodes"})
     return out

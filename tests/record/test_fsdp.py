@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import pandas as pd
 
 import commprof
@@ -193,3 +194,34 @@ def test_exposure_goes_to_the_collective_the_thread_waits_for():
     t = fsdp.layer_table(got.reset_index()).set_index("layer")
     assert t.loc["layers.1", "prefetched %"] == 100 and t.loc["layers.1", "gather exposed ms"] == 50 / 1e6
     assert list(t.index) == ["layers.0", "layers.1"]
+
+
+def test_zero3_collectives_are_read_per_layer_with_deepspeeds_advice(record_once):
+    """DeepSpeed ZeRO-3 (every parameter gathered per module:
+    stage3_param_persistence_threshold 0): its gathers and reduce-scatters
+    tagged with layer and phase, the same per-layer table, ZeRO-3's own
+    advice (its config keys), none of FSDP's."""
+    pytest.importorskip("deepspeed")
+    ds = os.path.join(ROOT, "tests", "workloads", "tiny_ds.py")
+    proc, out = record_once(["torchrun", "--standalone", "--nproc_per_node=2", ds, "--zero", "3", "--persist", "0",
+                             "--steps", "6"])
+    assert proc.returncode == 0, why_failed(proc)
+    trace = commprof.load(out)
+    ev = trace.events()
+    z = ev[(ev["source"] == "zero3") & (ev["category"] == "comm") & ev["step"].between(1, 5)]
+    for (_r, _s), d in z.groupby(["rank", "step"]):
+        rs = d[d["name"] == "reduce_scatter"]
+        ag = d[d["name"] == "all_gather"]
+        # the model's gradients, reduced and scattered once a step; its parameters gathered before use
+        assert rs["bytes"].sum() == 4 * (32 * 64 + 64 + 64 * 10 + 10) and len(ag) >= 1
+        assert set(rs["detail"].str.split(" ").str[0]) == {"reduce"}
+        assert set(ag["detail"].str.split(" ").str[0]) <= {"forward", "forward_prefetch", "backward",
+                                                           "backward_prefetch"}
+    t = trace.fsdp_layers()
+    assert len(t) and (t["reduce ms"] > 0).any() and (t["gather ms"] > 0).any(), t
+    meta = trace.analysis().meta
+    assert meta["fsdp_groups"]["0"]["bytes"] == 4 * (32 * 64 + 64)
+    finds = trace.bottlenecks()
+    text = " ".join(finds["advice"].fillna(""))
+    assert "set_modules_to_forward_prefetch" not in text and "bucket_cap_mb" not in text
+    assert finds["finding"].str.startswith("ZeRO-3 ").any(), finds["finding"].tolist()

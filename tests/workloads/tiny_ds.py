@@ -14,6 +14,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--zero", type=int, default=0)
+    p.add_argument("--persist", type=int, default=None,
+                   help="ZeRO-3: stage3_param_persistence_threshold (0: every parameter gathered per module)")
     p.add_argument("--result-dir", default=None)
     p.add_argument("--local_rank", type=int, default=-1)  # deepspeed launcher
     args = p.parse_args()
@@ -24,6 +26,8 @@ def main():
     config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
               "train_batch_size": args.batch * world, "zero_optimization": {"stage": args.zero},
               "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
+    if args.persist is not None:
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = args.persist
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     g = torch.Generator().manual_seed(1 + engine.global_rank)

@@ -8,6 +8,7 @@ so the training's results and exit code never depend on commprof.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -89,6 +90,34 @@ class Instrument:
         self.active = False
         log_once(f"fail:{self.name}",
                  f"instrument {self.name!r} disabled after an internal error: {exc!r}")
+
+    def tagged(self, phase_of, original):
+        """``original`` with the recorder's ``tls.fsdp`` = (phase, layer,
+        source) around it: the collectives issued inside are recorded with
+        that source and detail ``"<phase> <layer>"`` (instruments/collectives.py;
+        sharded data parallel: FSDP, ZeRO-3). ``phase_of(args, enclosing tag)``
+        gives the tag; the enclosing one (a prefetch inside a pre-forward) is
+        put back after."""
+        inst = self
+        tls = self.rec.tls
+
+        @functools.wraps(original)
+        def tagged(*args, **kwargs):
+            if not inst.active:
+                return original(*args, **kwargs)
+            prev = getattr(tls, "fsdp", None)
+            try:
+                inst.check_fault()
+                tls.fsdp = phase_of(args, prev)
+            except Exception as exc:
+                inst.fail(exc)
+                tls.fsdp = prev
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tls.fsdp = prev
+
+        return tagged
 
     def check_fault(self) -> None:
         if self._fault:

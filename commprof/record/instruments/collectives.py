@@ -8,7 +8,8 @@ blocking calls, the completion of the Work's future for ``async_op=True``.
 Calls made from inside another recorded collective (the DDP hook's own
 allreduce, object collectives) are not recorded twice. A call FSDP issues
 (tagged by instruments/fsdp.py) is recorded with source ``fsdp`` and detail
-``"<phase> <layer>"``; one Lightning or Accelerate issued (a metric sync, a
+``"<phase> <layer>"`` (ZeRO-3's, tagged by instruments/deepspeed.py: source
+``zero3``); one Lightning or Accelerate issued (a metric sync, a
 broadcast, a barrier) with source ``lightning`` / ``accelerate``."""
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ class CollectivesInstrument(Instrument):
                 seq = rec.next_seq(gname)
                 step = rec.step
                 tag = getattr(tls, "fsdp", None)    # issued by FSDP (instruments/fsdp.py): its phase and layer
-                src, det = (source, fname) if tag is None else ("fsdp", f"{tag[0]} {tag[1]}")
+                src, det = (source, fname) if tag is None else (tag[2], f"{tag[0]} {tag[1]}")
                 if tag is None and src == "torch.distributed":
                     src = driver_of(sys._getframe(1)) or src   # Lightning's, Accelerate's own
                 rid = rec.nvtx.start(op)

@@ -17,6 +17,7 @@ import functools
 import sys
 
 from .collectives import CollectivesInstrument
+from ..recorder import now
 
 DS_SPECS = {
     "all_reduce": ("all_reduce", ("tensor", "op", "group", "async_op"), "t"),
@@ -92,8 +93,91 @@ class DeepSpeedInstrument(CollectivesInstrument):
                 stage = engine.zero_optimization_stage()
                 inst.rec.run_info["zero_stage"] = int(stage)
                 inst.rec.run_info.setdefault("labels", {})["zero"] = str(int(stage))
+                if int(stage) == 3:
+                    inst._install_zero3(engine)
             except Exception as exc:
                 inst.fail(exc)
             return out
 
         return initialize
+
+    # -- ZeRO-3: its gathers and reduce-scatters per layer and phase ----------
+    def _install_zero3(self, engine) -> None:
+        """ZeRO-3's collectives tagged like FSDP's (source ``zero3``, detail
+        ``"<phase> <layer>"``: analyzers/fsdp.py reads both): a module's
+        parameter fetch (``fetch_sub_module``: ``forward`` / ``backward``,
+        the whole call a ``wait`` row ``zero3_fetch``, what the module's user
+        waited), the gathers it issues for other modules
+        (``forward_prefetch`` / ``backward_prefetch``), the gradient bucket's
+        reduce-scatter (``reduce``, the layer: the bucket's modules)."""
+        from ..log import log_once
+
+        coord = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
+        stage3 = sys.modules.get("deepspeed.runtime.zero.stage3")
+        cls = getattr(coord, "PartitionedParameterCoordinator", None)
+        opt = getattr(stage3, "DeepSpeedZeroOptimizer_Stage3", None)
+        gather = "_PartitionedParameterCoordinator__all_gather_params"
+        reduce = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
+        if cls is None or opt is None or not all(hasattr(c, m) for c, m in
+                                                 ((cls, "fetch_sub_module"), (cls, gather), (opt, reduce))):
+            log_once("zero3-internals", "deepspeed: this DeepSpeed's ZeRO-3 internals differ from those commprof "
+                     "knows; its collectives are recorded without layer or phase")
+            return
+        if getattr(self, "_zero3", None) is not None:
+            return
+        mods = {id(m): (n or "(root)") for n, m in engine.module.named_modules()}
+        owner = {}
+        for n, m in engine.module.named_modules():
+            for p in m.parameters(recurse=False):
+                owner[id(p)] = n or "(root)"
+        self._zero3 = (mods, owner)
+        groups = self.rec.run_info.setdefault("fsdp", {"groups": {}})["groups"]
+        for n, m in engine.module.named_modules():
+            ps = list(m.parameters(recurse=False))
+            if ps:
+                numel = sum(int(getattr(p, "ds_numel", p.numel())) for p in ps)
+                groups[n or "(root)"] = {"version": "zero3", "params": len(ps), "numel": numel,
+                                         "bytes": numel * ps[0].element_size(), "param_dtype": str(ps[0].dtype)
+                                         .replace("torch.", "")}
+        rec = self.rec
+        inst = self
+
+        def fetch_phase(args, prev):
+            return ("forward" if args[2] else "backward", mods.get(id(args[1]), "?"), "zero3")
+
+        def gather_phase(args, prev):
+            params = args[1]
+            first = next(iter(params), None)
+            layer = owner.get(id(first), "?")
+            forward = args[2] if len(args) > 2 else True
+            if prev is not None and prev[2] == "zero3" and prev[1] == layer:
+                return prev
+            return (("forward" if forward else "backward") + "_prefetch", layer, "zero3")
+
+        def reduce_phase(args, prev):
+            bucket = args[0].ipg_buckets[args[1]]
+            names = list(dict.fromkeys(owner.get(id(p), "?") for p in bucket.params))
+            return ("reduce", "+".join(names) if names else "?", "zero3")
+
+        def timed_fetch(original):
+            tagged = inst.tagged(fetch_phase, original)
+
+            @functools.wraps(original)
+            def fetch_sub_module(coordinator, module, forward, *a, **k):
+                if not inst.active or not module._parameters:
+                    return tagged(coordinator, module, forward, *a, **k)
+                t0 = now()
+                try:
+                    return tagged(coordinator, module, forward, *a, **k)
+                finally:
+                    try:
+                        rec.region("wait", "zero3_fetch", "zero3",
+                                   f"{'forward' if forward else 'backward'} {mods.get(id(module), '?')}", t0, now())
+                    except Exception as exc:
+                        inst.fail(exc)
+
+            return fetch_sub_module
+
+        self.patch(cls, "fetch_sub_module", timed_fetch)
+        self.patch(cls, gather, functools.partial(self.tagged, gather_phase))
+        self.patch(opt, reduce, functools.partial(self.tagged, reduce_phase))

@@ -64,31 +64,6 @@ class FSDPInstrument(Instrument):
             log_once("fsdp-internals", "fsdp: this torch's FSDP internals differ from those commprof knows; "
                      "FSDP's collectives are recorded as plain collectives (no layer or phase)")
 
-    # -- the tag the collectives instrument reads --------------------------
-    def _tagged(self, phase_of, original):
-        """``original`` with tls.fsdp = (phase, layer) around it; the
-        enclosing tag (a prefetch inside pre_forward) is put back after."""
-        inst = self
-        tls = self.rec.tls
-
-        @functools.wraps(original)
-        def tagged(*args, **kwargs):
-            if not inst.active:
-                return original(*args, **kwargs)
-            prev = getattr(tls, "fsdp", None)
-            try:
-                inst.check_fault()
-                tls.fsdp = phase_of(args, prev)
-            except Exception as exc:
-                inst.fail(exc)
-                tls.fsdp = prev
-            try:
-                return original(*args, **kwargs)
-            finally:
-                tls.fsdp = prev
-
-        return tagged
-
     def _note_group(self, key, fqn: str, info) -> None:
         if key in self._groups:
             return
@@ -116,20 +91,20 @@ class FSDPInstrument(Instrument):
                 self.rec.run_info["framework"] = "fsdp2"
             self._note_group(id(group), fqn, lambda: _fsdp2_info(group))
             if prev is not None and prev[0] in ("forward_prefetch", "backward_prefetch") and prev[1] is None:
-                return (prev[0], fqn)
+                return (prev[0], fqn, "fsdp")
             ts = group._training_state
-            return ("forward" if ts == forward else "backward" if ts == pre_backward else "unshard", fqn)
+            return ("forward" if ts == forward else "backward" if ts == pre_backward else "unshard", fqn, "fsdp")
 
         def prefetch_phase(args, prev):
             pass_type = args[1] if len(args) > 1 else "forward"
-            return (f"{pass_type}_prefetch", None)      # the layer: the target's, in its unshard
+            return (f"{pass_type}_prefetch", None, "fsdp")    # the layer: the target's, in its unshard
 
         def reduce_phase(args, prev):
-            return ("reduce", layer_name(args[0]._module_fqn))
+            return ("reduce", layer_name(args[0]._module_fqn), "fsdp")
 
-        self.patch(cls, "unshard", functools.partial(self._tagged, unshard_phase))
-        self.patch(cls, "post_backward", functools.partial(self._tagged, reduce_phase))
-        self.patch(cls, "_prefetch_unshard", lambda f: staticmethod(self._tagged(prefetch_phase, f)))
+        self.patch(cls, "unshard", functools.partial(self.tagged, unshard_phase))
+        self.patch(cls, "post_backward", functools.partial(self.tagged, reduce_phase))
+        self.patch(cls, "_prefetch_unshard", lambda f: staticmethod(self.tagged(prefetch_phase, f)))
         self.patch(cls, "wait_for_unshard", functools.partial(self._wrap_wait, forward, pre_backward, tls))
         return True
 
@@ -180,21 +155,21 @@ class FSDPInstrument(Instrument):
                 self.rec.run_info["framework"] = "fsdp1"
                 self._note_group(id(handle), fqn, lambda: _fsdp1_info(handle))
             if prev is not None and prev[0] in ("forward_prefetch", "backward_prefetch"):
-                return (prev[0], fqn)
+                return (prev[0], fqn, "fsdp")
             ts = getattr(handle, "_training_state", None)
-            return ("forward" if ts == forward else "backward" if ts == pre_backward else "unshard", fqn)
+            return ("forward" if ts == forward else "backward" if ts == pre_backward else "unshard", fqn, "fsdp")
 
         def prefetch_phase(args, prev):
             mode = args[2] if len(args) > 2 else None
-            return ("backward_prefetch" if "BACKWARD" in str(mode) else "forward_prefetch", None)
+            return ("backward_prefetch" if "BACKWARD" in str(mode) else "forward_prefetch", None, "fsdp")
 
         def reduce_phase(args, prev):
-            return ("reduce", fqn_of(args[1] if len(args) > 1 else None))
+            return ("reduce", fqn_of(args[1] if len(args) > 1 else None), "fsdp")
 
-        self.patch(rt, "_unshard", functools.partial(self._tagged, unshard_phase))
-        self.patch(rt, "_prefetch_handle", functools.partial(self._tagged, prefetch_phase))
-        self.patch(rt, "_reduce_grad", functools.partial(self._tagged, reduce_phase))
-        self.patch(rt, "_reduce_grad_no_shard", functools.partial(self._tagged, reduce_phase))
+        self.patch(rt, "_unshard", functools.partial(self.tagged, unshard_phase))
+        self.patch(rt, "_prefetch_handle", functools.partial(self.tagged, prefetch_phase))
+        self.patch(rt, "_reduce_grad", functools.partial(self.tagged, reduce_phase))
+        self.patch(rt, "_reduce_grad_no_shard", functools.partial(self.tagged, reduce_phase))
         self.patch(fsdp_cls, "__init__", self._wrap_init1)
         return True
 
