@@ -52,6 +52,7 @@ synchronisation and the next step's first kernel is then exposed, which is
 what makes a device-bound step pay for the host's.
 
     python benchmarks/overhead_paired.py [--workload short|resnet18] [--nproc 2] [--rounds 300] [--steps 4]
+    python benchmarks/overhead_paired.py --wrap fsdp2 ...   # the FSDP instrument's cost (against --wrap ddp)
     python benchmarks/overhead_paired.py --device cuda --nproc 1 --workload resnet50 --workers 8 \
         --rounds 60 --steps 4 --arms record,record:nodev,plain2,only:module,only:dataloader
 """
@@ -163,7 +164,19 @@ def _rank_main(rank, args, tmp, out):
                                 simulate_device_lag_ms=args.simulate_device_lag_ms), hook_exits=False)
     sess.install_for("torch")  # installed before DDP exists, as under `commprof record`
     model, loader = build(args.workload, args.batch, args.workers, pin=cuda)
-    ddp = nn.parallel.DistributedDataParallel(model.to(device), device_ids=[rank] if cuda else None)
+    if args.wrap == "fsdp2":    # every child with parameters its own group, then the root
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        sess.install_for("torch.distributed.fsdp")
+        model = model.to(device)
+        mesh = init_device_mesh(device.type, (args.nproc,))
+        for child in model.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh)
+        ddp = fully_shard(model, mesh=mesh)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model.to(device), device_ids=[rank] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     loop = Loop(ddp, loader, opt, device)
     for _ in range(args.warmup):  # DDP rebuilds its buckets after step 0; the recorder becomes a rank
@@ -185,10 +198,12 @@ def _rank_main(rank, args, tmp, out):
                 keep = want[5:]
                 sess.config = full.replace(disable=tuple(n for n in ALL if n != keep))
             sess.install_for("torch")
+            if args.wrap == "fsdp2":
+                sess.install_for("torch.distributed.fsdp")
             sess.config = full
             if want == "record:python":  # DDP's buckets timed by the Python process-group hooks
                 sess.recorder.config = full.replace(native_hooks=False)
-            if "ddp" in sess.instruments:
+            if "ddp" in sess.instruments and args.wrap == "ddp":
                 sess.instruments["ddp"]._ensure_default_hook(ddp)  # the DDP made before this install
             sess.recorder.config = full
             state["on"] = want
@@ -295,7 +310,7 @@ def summarize(ranks, args):
     rows, (base_cpu, base_wall) = arm_costs(ranks)
     writer = statistics.fmean(r["writer_ns_per_step"] for r in ranks)
     events = statistics.fmean(r["events_per_step"] for r in ranks)
-    lines = [f"{args.workload}: {args.nproc} rank(s), DDP over {'NCCL' if args.device == 'cuda' else 'gloo'}, "
+    lines = [f"{args.workload}: {args.nproc} rank(s), {'FSDP2' if args.wrap == 'fsdp2' else 'DDP'} over {'NCCL' if args.device == 'cuda' else 'gloo'}, "
              f"batch {args.batch or 'default'}, {args.workers} loader workers, "
              f"{args.rounds} rounds x {len(arms)} arms, blocks of {args.steps} timed steps (+1 left out) "
              f"on the same model / DDP / optimizer / loader; cost = block mean - the same round's plain "
@@ -331,6 +346,8 @@ def main():
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--simulate-device-lag-ms", type=float, default=0.0,
                    help=argparse.SUPPRESS)  # a simulated device on CPU: the device-timing arm checked there
+    p.add_argument("--wrap", choices=("ddp", "fsdp2"), default="ddp",
+                   help="data parallel: DDP, or FSDP2 (fully_shard on every child with parameters, then the root)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--steps", type=int, default=4, help="timed steps per block")
