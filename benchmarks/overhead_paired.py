@@ -310,7 +310,8 @@ def summarize(ranks, args):
     rows, (base_cpu, base_wall) = arm_costs(ranks)
     writer = statistics.fmean(r["writer_ns_per_step"] for r in ranks)
     events = statistics.fmean(r["events_per_step"] for r in ranks)
-    lines = [f"{args.workload}: {args.nproc} rank(s), {'FSDP2' if args.wrap == 'fsdp2' else 'DDP'} over {'NCCL' if args.device == 'cuda' else 'gloo'}, "
+    wrap = "FSDP2" if args.wrap == "fsdp2" else "DDP"
+    lines = [f"{args.workload}: {args.nproc} rank(s), {wrap} over {'NCCL' if args.device == 'cuda' else 'gloo'}, "
              f"batch {args.batch or 'default'}, {args.workers} loader workers, "
              f"{args.rounds} rounds x {len(arms)} arms, blocks of {args.steps} timed steps (+1 left out) "
              f"on the same model / DDP / optimizer / loader; cost = block mean - the same round's plain "
