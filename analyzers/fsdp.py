@@ -5,6 +5,8 @@ Input: the fine grain's events (analyzers/buckets.py: the sampled steps'
 compute, comm, data and wait rows) of collectives FSDP issued (source
 ``fsdp``, detail ``"<phase> <layer>"``, see commprof/record/instruments/fsdp.py).
 
+*Busy* (a layer's gather ms, reduce ms) is the union of the intervals of its
+collectives of that kind and of the waits for them, per step.
 *Exposed* is the breakdown's exposed communication (analyzers/breakdown.py),
 split over the collectives that cause it: an instant of a step is exposed
 communication when no data wait covers it and either the thread waits for a
@@ -148,9 +150,28 @@ def _one_rank(rank: int, er: pd.DataFrame, sr: pd.DataFrame) -> List[dict]:
         out.append({"rank": rank, "step": s, "layer": layer or "?", "phase": phase,
                     "op": "wait" if is_wait else names[i], "calls": 0 if is_wait else 1,
                     "bytes": 0.0 if is_wait or np.isnan(nbytes[i]) else float(nbytes[i]),
-                    "busy_ns": 0 if is_wait else int(t1[i] - t0[i]), "exposed_ns": int(per_event[i]),
+                    "busy_ns": 0, "exposed_ns": int(per_event[i]),
                     "after_bwd_ns": after, "last": int(i in last_rows),
-                    "first_ns": int(t0[i] - start_of.get(s, int(t0[i])))})
+                    "first_ns": int(t0[i] - start_of.get(s, int(t0[i]))), "_t": (int(t0[i]), int(t1[i]))})
+    # busy: per (step, layer, kind) the union of its collectives' and waits'
+    # intervals (a wait may outlast the completion its collective's callback
+    # saw), on the group's first row
+    first: Dict[tuple, int] = {}
+    spans: Dict[tuple, list] = {}
+    for k, row in enumerate(out):
+        key = (row["step"], row["layer"], KIND[row["phase"]])
+        first.setdefault(key, k)
+        spans.setdefault(key, []).append(row.pop("_t"))
+    for key, iv in spans.items():
+        iv.sort()
+        total, cur0, cur1 = 0, iv[0][0], iv[0][1]
+        for a, b in iv[1:]:
+            if a > cur1:
+                total += cur1 - cur0
+                cur0, cur1 = a, b
+            else:
+                cur1 = max(cur1, b)
+        out[first[key]]["busy_ns"] = total + cur1 - cur0
     return out
 
 

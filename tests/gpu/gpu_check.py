@@ -37,7 +37,8 @@ Runs (DDP over NCCL on the GPU(s); one rank per GPU, at most 2):
 nccl-micro (blocking and async all_reduce of 64 and 256 MiB, out-of-place
 all_gather), ResNet-50 recorded / plain / kernel mode, ResNet-18 plain /
 recorded / recorded with ``--ddp-timing comm-hook``, a fork after CUDA,
-the report of the recorded runs, then the recording overhead of each
+the report of the recorded runs, FSDP2 (``fully_shard`` per layer, forward
+prefetch: its layers, phases and device times), then the recording overhead of each
 ResNet measured in one process (``benchmarks/overhead_paired.py``: the
 recording switched on and off between blocks of steps on the same model,
 DDP and loader; the A/A control ``plain2`` beside it).
@@ -72,7 +73,9 @@ PLAN = [
     # the overhead, in one process each (on an H200: ResNet-50 60 rounds
     # 74 s, ResNet-18 100 rounds 45 s, start-up included; the runs above
     # took 12-19 s, fork-micro 10-31 s, report 1-2 s on three H200s)
-    ("r50-paired", 100), ("r18-paired", 65),
+    ("r50-paired", 90), ("r18-paired", 65),
+    # FSDP2 on NCCL (fully_shard per layer, forward prefetch): its layers and phases, device times
+    ("fsdp2-recorded", 30),
 ]
 #: the in-process overhead runs: check name -> run
 PAIRED = {"r50": "r50-paired", "r18": "r18-paired"}
@@ -346,6 +349,29 @@ def device_checks(out, ev, prefix):
     return ok
 
 
+def fsdp_checks(out, ev, folder):
+    """FSDP2's collectives: every layer's forward gather, backward re-gather
+    and reduction each step, with device times; the per-layer table; the
+    exposed-time figures (recorded, not judged)."""
+    import commprof
+
+    c = ev[(ev["category"] == "comm") & (ev["source"].astype(str) == "fsdp")]
+    phases = c["detail"].astype(str).str.split(" ").str[0].str.replace("_prefetch", "")
+    layers = set(c["detail"].astype(str).str.split(" ").str[1])
+    want = {"layers.0", "layers.1", "layers.2", "head"}
+    ok = check(out, "fsdp2: every layer's gathers and reductions, tagged", want <= layers
+               and {"forward", "backward", "reduce"} <= set(phases), layers=sorted(layers), phases=sorted(set(phases)))
+    timed = c["dev_start"].notna()
+    ok &= check(out, "fsdp2: collectives carry device times", len(c) > 0 and float(timed.mean()) >= 0.9,
+                rows=int(timed.sum()), of=len(c))
+    table = commprof.load(folder).fsdp_layers()
+    figures = table[["layer", "gather ms", "gather exposed ms", "prefetched %", "reduce ms", "reduce exposed ms"]] \
+        .round(3).to_dict("records") if len(table) else []
+    ok &= check(out, "fsdp2: the per-layer table", want <= set(table["layer"]) if len(table) else False,
+                layers=figures)
+    return ok
+
+
 def nccl_checks(out, ev, ranks, device):
     c = ev[(ev["category"] == "comm") & ev["name"].astype(str).isin(["all_reduce", "all_gather"])]
     timed = c[c["dev_start"].notna()]
@@ -453,6 +479,8 @@ PLANNED_CHECKS = {
                                                              "device step span covers its compute")],
     "fork-micro": ["fork after the device was used, under commprof"],
     "r50-plain": [], "r18-plain": [], "report": ["report of the recorded runs"],
+    "fsdp2-recorded": ["fsdp2: every layer's gathers and reductions, tagged", "fsdp2: collectives carry device times",
+                       "fsdp2: the per-layer table"],
     **{run: [f"overhead {wl}"] for wl, run in PAIRED.items()},
 }
 
@@ -643,11 +671,16 @@ def main():
         "r18-paired": paired("r18", *paired_r18),
         "fork-micro": ["sh", "-c", '"$0" "$1" "$2" plain; shift 2; exec "$@" recorded', py, fork, dev_name]
         + rec("fork-rec") + [py, fork, dev_name],
+        # two ranks always (FSDP on one rank issues no collective): on one GPU both share it over gloo
+        "fsdp2-recorded": rec("fsdp2-rec") + [
+            py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            os.path.join(ROOT, "tests", "workloads", "fsdp.py"), "--device", dev_name, "--steps", "8", "--prefetch",
+            "--dim", "2048" if cuda else "256", *(["--backend", "gloo"] if cuda and ranks < 2 else [])],
         "report": [py, "-m", "commprof", "report", os.path.join(args.out, "r50-kern"),
                    os.path.join(args.out, "nccl-rec"), "--out-dir", os.path.join(args.out, "report")],
     }
     traces = {"nccl-micro": "nccl-rec", "r50-recorded": "r50-rec", "r50-kernels": "r50-kern",
-              "r18-recorded": "r18-rec", "r18-recorded-comm-hook": "r18-rec-hook"}
+              "r18-recorded": "r18-rec", "r18-recorded-comm-hook": "r18-rec-hook", "fsdp2-recorded": "fsdp2-rec"}
     only = set(args.only.split(",")) if args.only else None
     if only and only - set(commands):
         p.error(f"--only: no such run(s): {', '.join(sorted(only - set(commands)))}")
@@ -690,6 +723,8 @@ def main():
             nccl_checks(args.out, ev, ranks, device)
         elif name == "r50-kernels":
             kernel_checks(args.out, ev, ranks, cuda)
+        elif name == "fsdp2-recorded":
+            fsdp_checks(args.out, ev, folder)
         else:
             device_checks(args.out, ev, traces[name])
             if name == "r50-recorded":

@@ -61,21 +61,27 @@ def main() -> None:
     p.add_argument("--fsdp1", action="store_true")
     p.add_argument("--reduce-dtype", default=None, help="FSDP2 mixed precision: reduce-scatter in this dtype")
     p.add_argument("--oracle", default=None, help="write torch's CommDebugMode counts per step here")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank")
+    p.add_argument("--backend", default=None, help="default: nccl on cuda, gloo on cpu (gloo: ranks may share a GPU)")
     a = p.parse_args()
-    dist.init_process_group("gloo")
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    dist.init_process_group(a.backend or ("nccl" if cuda else "gloo"))
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.manual_seed(0)
-    model = Net(a.dim, a.layers, a.delay_layer, a.delay_ms / 1e3)
+    model = Net(a.dim, a.layers, a.delay_layer, a.delay_ms / 1e3).to(dev)
     if a.fsdp1:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        model = FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+        model = FSDP(model, device_id=dev, auto_wrap_policy=ModuleWrapPolicy({Block}))
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(dev.type, (world,))
         mp = MixedPrecisionPolicy(reduce_dtype=getattr(torch, a.reduce_dtype)) if a.reduce_dtype else None
         kw = {"mesh": mesh} | ({"mp_policy": mp} if mp else {})
         for block in model.layers:
@@ -92,6 +98,7 @@ def main() -> None:
     counts, losses = [], []
     for step in range(a.steps):
         x, y = torch.randn(a.batch, a.dim, generator=g), torch.randint(0, 10, (a.batch,), generator=g)
+        x, y = x.to(dev), y.to(dev)
         if a.oracle:
             from torch.distributed.tensor.debug import CommDebugMode
 
@@ -105,7 +112,7 @@ def main() -> None:
             loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     if a.oracle and rank == 0:
         os.makedirs(a.oracle, exist_ok=True)
         with open(os.path.join(a.oracle, "oracle.json"), "w") as fh:
