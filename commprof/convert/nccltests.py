@@ -226,14 +226,16 @@ def _parse_section(lines: List[str], offset: int, name: str, op: Optional[str], 
         if ln.startswith("#") or not _ROW.match(ln):
             continue
         f = ln.split()
-        if len(f) not in (12, 13):
+        # nccl-tests before 2.10 printed no redop column for the tests without one (all_gather, broadcast)
+        no_redop = len(f) == 11 and _number(f[3])
+        if len(f) not in (12, 13) and not no_redop:
             what = "truncated size row" if len(f) < 12 else "size row with extra columns"
             raise TraceFormatError(f"{name}:{no}: {what} ({len(f)} columns, expected 12, or 13 with root): "
                                    f"{ln.strip()[:80]}")
         has_root = len(f) == 13
-        col = 5 if has_root else 4
+        col = 3 if no_redop else 5 if has_root else 4
         try:
-            rows.append({"bytes": int(f[0]), "count": int(f[1]), "dtype": f[2], "redop": f[3],
+            rows.append({"bytes": int(f[0]), "count": int(f[1]), "dtype": f[2], "redop": "none" if no_redop else f[3],
                          "root": int(f[4]) if has_root else -1,
                          "out_of_place": _mode(f[col:col + 4], name, no),
                          "in_place": _mode(f[col + 4:col + 8], name, no)})
@@ -262,6 +264,14 @@ def _parse_section(lines: List[str], offset: int, name: str, op: Optional[str], 
             "ranks_per_node": ppn,
             "gpus_per_process": int(g.group(1)) if g else None, "device": None, "source": os.path.basename(name),
             "op": op, "rows": rows}
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _ranks_from_bandwidths(op: str, rows: List[Dict[str, Any]]) -> Optional[int]:
