@@ -73,6 +73,7 @@ Pure: numpy / pandas in, arrays and DataFrames out."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -82,9 +83,26 @@ import pandas as pd
 from ..trace.ops import OPS, bus_factor, canonical  # noqa: F401  (re-exported: the model's op names)
 
 US = 1e-6
-TERMS = ("base", "intra_lat", "inter_lat", "intra_bw", "inter_bw")
-LATENCY_TERMS = TERMS[:3]
 PROTOCOLS = ("LL", "LL128", "Simple")
+#: the terms of one protocol (each protocol has its own, as in NCCL's tuner)
+BLOCK = ("base", "intra_lat", "inter_lat", "intra_bw", "inter_bw")
+#: the protocols' blocks in theta: Simple's first (its terms keep the plain names: the large-message link a
+#: described network gives), then LL's and LL128's ("LL.base", "LL128.inter_bw", ...)
+BLOCK_ORDER = ("Simple", "LL", "LL128")
+NB = len(BLOCK)
+NT = NB * len(BLOCK_ORDER)
+
+
+def _name(protocol: str, term: str) -> str:
+    return term if protocol == "Simple" else f"{protocol}.{term}"
+
+
+TERMS = tuple(_name(p, t) for p in BLOCK_ORDER for t in BLOCK)
+LATENCY_TERMS = BLOCK[:3]
+OFFSET = {p: NB * i for i, p in enumerate(BLOCK_ORDER)}
+#: per term of theta: is it a latency (seconds), and its protocol
+IS_LAT = np.array([t in LATENCY_TERMS for _p in BLOCK_ORDER for t in BLOCK])
+TERM_PROTOCOL = tuple(p for p in BLOCK_ORDER for _t in BLOCK)
 
 # -- NCCL's constants (src/graph/tuning.cc), microseconds -------------------------------
 #: baseLat[algorithm][protocol]
@@ -102,18 +120,40 @@ TREE_CORRECTION = {
               .7, .7),
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 }
+#: a ring's bus bandwidth per protocol relative to Simple's (tuning.cc: LL x 0.5, LL128 x 0.92): the prior of
+#: the LL and LL128 bandwidths, which the data replace where those protocols run
+RING_PROTO_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
+#: a tree's bus bandwidth per protocol relative to Simple's (Tree/LL / 3.8; LL128 7/9 in a node, 120/128 across)
+TREE_PROTO_BW = {"LL": 1 / 3.8, "LL128": (7 / 9, 120 / 128), "Simple": 1.0}
 #: getNetOverhead (x86 Intel; AMD 2 us) per protocol, microseconds: Simple pays it three times
 NET_OVERHEAD = {"LL": 1.0, "LL128": 1.0, "Simple": 3.0}
 #: the ring plateau's latency factor (minCompCap >= 80; 1.9 before) and the channels its threshold assumes
 RING_PLATEAU, RING_CHANNELS = 1.4, 32
-#: priors of the latency terms per backend (seconds; Ring / Simple, NVLink and network)
-PRIORS = {"nccl": {"base": BASE_LAT["ring"]["Simple"] * US, "intra_lat": HW_LAT["intra"]["ring"]["Simple"] * US,
-                   "inter_lat": HW_LAT["inter"]["ring"]["Simple"] * US},
-          # gloo over TCP: tens of microseconds per message (measured on loopback and veth links)
-          "gloo": {"base": 20 * US, "intra_lat": 25 * US, "inter_lat": 50 * US}}
+
+
+def _prior_lat(backend: str) -> Dict[str, float]:
+    """Prior means of the latency terms (seconds): NCCL's Ring constants per protocol; gloo over TCP: tens of
+    microseconds per message (measured on loopback and veth links), one protocol."""
+    if backend == "gloo":
+        return {"base": 20 * US, "intra_lat": 25 * US, "inter_lat": 50 * US}
+    out = {}
+    for p in PROTOCOLS:
+        out[_name(p, "base")] = BASE_LAT["ring"][p] * US
+        out[_name(p, "intra_lat")] = HW_LAT["intra"]["ring"][p] * US
+        out[_name(p, "inter_lat")] = HW_LAT["inter"]["ring"][p] * US
+    return out
+
+
+PRIORS = {"nccl": _prior_lat("nccl"), "gloo": _prior_lat("gloo")}
 #: relative standard deviation of a latency prior: NCCL's constants are known to a factor of ~2; gloo's
 #: latency over TCP depends on the host (tens of microseconds to milliseconds on an oversubscribed one)
 PRIOR_WIDTH = {"nccl": 1.0, "gloo": 10.0}
+#: relative standard deviation of the LL / LL128 bandwidth priors (NCCL's ratios to Simple): wide, the channel
+#: count NCCL runs for a mid-size call (enqueue.cc) makes the bandwidth a call sees a fraction of the link's
+BW_PRIOR_WIDTH = 3.0
+#: starting points of the fit: LL's and LL128's bandwidth as fractions of Simple's (a protocol the first guess
+#: never chooses could not enter the fit from one start alone)
+STARTS = ((0.5, 0.92), (0.1, 0.5), (0.03, 0.2), (0.01, 0.1))
 
 #: Huber's tuning constant (95 % efficiency on normal residuals), in units of the residuals' robust spread
 HUBER_K = 1.345
@@ -150,9 +190,10 @@ def choices(form: str, backend: str) -> List[Choice]:
 
 def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tuple[np.ndarray, List[Choice]]:
     """Coefficients of the terms (latencies in seconds, bandwidths as
-    seconds per byte) per call and choice: array (calls, choices, 5) with
-    time = coef . [base, intra_lat, inter_lat, 1/intra_bw, 1/inter_bw]. A
-    choice that cannot run a call (a tree for a broadcast) has infinite
+    seconds per byte) per call and choice: array (calls, choices, NT) with
+    time = coef . theta, each choice in its protocol's block of theta
+    ([base, intra_lat, inter_lat, 1/intra_bw, 1/inter_bw] per protocol).
+    A choice that cannot run a call (a tree for a broadcast) has infinite
     coefficients."""
     ops = np.asarray([canonical(o) for o in op], dtype=object)
     s = np.asarray(nbytes, np.float64)
@@ -176,32 +217,32 @@ def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tu
     inter_steps = np.where(chain, multi.astype(float), inter_steps)
     intra_steps = np.where(chain, (~multi).astype(float), intra_steps)
     cs = choices(form, backend)
-    out = np.zeros((len(s), len(cs), 5))
-    ref_b, ref_i, ref_n = (BASE_LAT["ring"]["Simple"], HW_LAT["intra"]["ring"]["Simple"],
-                           HW_LAT["inter"]["ring"]["Simple"])
+    out = np.zeros((len(s), len(cs), NT))
     logsize = np.clip(_log2i(np.maximum(s, 1) / 64), 0, None).astype(int)
     for k, c in enumerate(cs):
         a = "ring" if c.algorithm == "flat" else c.algorithm
-        rb = BASE_LAT[a][c.protocol] / ref_b if backend == "nccl" else 1.0
-        ri = HW_LAT["intra"][a][c.protocol] / ref_i if backend == "nccl" else 1.0
-        rn = HW_LAT["inter"][a][c.protocol] / ref_n if backend == "nccl" else 1.0
-        bwf = _protocol_bw(c, backend, multi, p, is_ar)
+        o = OFFSET[c.protocol]
+        nccl = backend == "nccl"
+        # the tree's latencies relative to the ring's of the same protocol (NCCL's constants)
+        rb = BASE_LAT[a][c.protocol] / BASE_LAT["ring"][c.protocol] if nccl else 1.0
+        ri = HW_LAT["intra"][a][c.protocol] / HW_LAT["intra"]["ring"][c.protocol] if nccl else 1.0
+        rn = HW_LAT["inter"][a][c.protocol] / HW_LAT["inter"]["ring"][c.protocol] if nccl else 1.0
         if c.algorithm == "flat":        # hockney: latency constant in N, bytes at the bus bandwidth
-            lat = np.stack([np.full_like(n, rb), np.zeros_like(n), np.zeros_like(n)], axis=1)
-            byt = s * f / bwf
+            lat = np.stack([np.ones_like(n), np.zeros_like(n), np.zeros_like(n)], axis=1)
+            byt = s * f
         elif c.algorithm == "ring":
-            ri_c: Any = ri
-            if backend == "nccl":
+            ri_c: Any = 1.0
+            if nccl:
                 # an inter-node ring's intra-node steps cost at least the network's per-step overhead
                 # (tuning.cc: intraLat = max(intraLat, netOverhead), 1 us, x3 for Simple)
-                ri_c = np.where(multi, max(ri, NET_OVERHEAD[c.protocol] / ref_i), ri)
-            lat = np.stack([np.full_like(n, rb), intra_steps * ri_c, inter_steps * rn], axis=1)
-            if backend == "nccl" and c.protocol == "Simple" and c.algorithm == "ring":
+                ri_c = np.where(multi, max(1.0, NET_OVERHEAD[c.protocol] / HW_LAT["intra"]["ring"][c.protocol]), 1.0)
+            lat = np.stack([np.ones_like(n), intra_steps * ri_c, inter_steps], axis=1)
+            if nccl and c.protocol == "Simple":
                 # the ring's plateau (tuning.cc): Simple all_reduce across nodes, once each channel's
                 # share of each rank's data reaches 64 bytes, has 1.4x its latency (sm80 and newer)
                 plateau = multi & is_ar & (s / (RING_CHANNELS * n) >= 64)
                 lat = lat * np.where(plateau, RING_PLATEAU, 1.0)[:, None]
-            byt = s * f / bwf
+            byt = s * f
         else:                             # tree: all_reduce only
             lat = np.stack([np.full_like(n, rb), 2 * (p - 1) * ri, 2 * _log2i(m) * rn], axis=1)
             corr = np.array(TREE_CORRECTION[c.protocol])[np.minimum(logsize, 22)]
@@ -209,29 +250,16 @@ def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tu
             # across exactly two nodes a double binary tree sends each byte over the network once per
             # direction (a ring twice, and so does a tree of more nodes, whose inner nodes have two children)
             two = np.where(m == 2, 2.0, 1.0)
-            byt = s * 2.0 / (0.92 * bwf * corr * two * _tree_pattern(p))
+            tp = TREE_PROTO_BW[c.protocol]
+            rel = (np.where(multi, tp[1], tp[0]) if isinstance(tp, tuple) else tp) / RING_PROTO_BW[c.protocol]
+            byt = s * 2.0 / (0.92 * rel * corr * two * _tree_pattern(p))
             lat[~is_ar] = np.inf
             byt = np.where(is_ar, byt, np.inf)
-        out[:, k, :3] = lat
-        out[:, k, 3] = np.where(multi, 0.0, byt)
-        out[:, k, 4] = np.where(multi, byt, 0.0)
+        out[:, k, o:o + 3] = lat
+        out[:, k, o + 3] = np.where(multi, 0.0, byt)
+        out[:, k, o + 4] = np.where(multi, byt, 0.0)
         out[n <= 1, k, :] = 0.0          # one rank: nothing to communicate
     return out, cs
-
-
-def _protocol_bw(c: Choice, backend: str, multi, p, is_ar):
-    """Bus bandwidth of (algorithm, protocol) relative to Ring / Simple (tuning.cc's refinements)."""
-    one = np.ones(np.shape(p))
-    if backend != "nccl" or c.protocol == "Simple":
-        return one
-    a = "ring" if c.algorithm == "flat" else c.algorithm
-    if a == "ring" and c.protocol == "LL":
-        return np.full(np.shape(p), 0.5)
-    if a == "ring" and c.protocol == "LL128":
-        return np.full(np.shape(p), 0.92)
-    if a == "tree" and c.protocol == "LL":
-        return one / 3.8
-    return np.where(multi, 120 / 128, 7 / 9)          # tree LL128
 
 
 def _tree_pattern(p):
@@ -316,7 +344,7 @@ class Fit:
     """The terms of one model form (seconds, bytes per second)."""
     form: str
     backend: str
-    theta: np.ndarray                 # [base, intra_lat, inter_lat, 1/intra_bw, 1/inter_bw]
+    theta: np.ndarray                 # per protocol block: [base, intra_lat, inter_lat, 1/intra_bw, 1/inter_bw]
     cov: np.ndarray                   # covariance of theta
     scatter: float                    # relative residual standard deviation of the observations
     status: Dict[str, str]            # term -> fitted | prior | described | assumed (= ...) | unused
@@ -339,17 +367,25 @@ class Fit:
         return t, [cs[k] for k in ks], se
 
     def term_values(self) -> Dict[str, float]:
-        th = self.theta
         inv = lambda x: 1.0 / x if x > 0 else float("inf")  # noqa: E731
-        return {"base": th[0], "intra_lat": th[1], "inter_lat": th[2], "intra_bw": inv(th[3]),
-                "inter_bw": inv(th[4])}
+        return {name: (float(v) if IS_LAT[j] else inv(v)) for j, (name, v) in enumerate(zip(TERMS, self.theta))}
 
     def term_errors(self) -> Dict[str, float]:
         se = np.sqrt(np.maximum(np.diag(self.cov), 0.0))
         th = self.theta
         # a bandwidth's standard error from its inverse's (delta method)
-        bw = [se[j] / th[j] ** 2 if th[j] > 0 else float("nan") for j in (3, 4)]
-        return {"base": se[0], "intra_lat": se[1], "inter_lat": se[2], "intra_bw": bw[0], "inter_bw": bw[1]}
+        return {name: (float(se[j]) if IS_LAT[j] else (float(se[j] / th[j] ** 2) if th[j] > 0 else float("nan")))
+                for j, name in enumerate(TERMS)}
+
+    def switch_points(self, op: str, ranks: int, ppn: int, lo: int = 8, hi: int = 1 << 30) -> List[Tuple[int, str]]:
+        """(first size, algorithm/protocol) wherever the choice changes, sizes a factor of 2 apart."""
+        sizes = [1 << k for k in range(int(math.log2(max(lo, 1))), int(math.log2(hi)) + 1)]
+        _t, cs, _se = self.times([op] * len(sizes), sizes, [ranks] * len(sizes), [ppn] * len(sizes))
+        out: List[Tuple[int, str]] = []
+        for s, c in zip(sizes, cs):
+            if not out or out[-1][1] != str(c):
+                out.append((s, str(c)))
+        return out
 
 
 @dataclass
@@ -359,99 +395,179 @@ class Fixed:
     source: str = "described"
 
 
+def _forced(text: str) -> Tuple[str, str]:
+    """(algorithm, protocol) a call was told to use ("" where the library chose): NCCL_ALGO / NCCL_PROTO."""
+    algo = proto = ""
+    for part in re.split(r"[,/ ]+", str(text or "").lower()):
+        if part in ("ring", "tree"):
+            algo = part
+        elif part in ("ll", "ll128", "simple"):
+            proto = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}[part]
+    return algo, proto
+
+
 def _observation_matrix(ms: Measurements, form: str, backend: str):
     d, cs = design(ms.op, ms.nbytes, ms.ranks, ms.ppn, form, backend)
-    forced = np.asarray(ms.forced, dtype=object)
+    forced = [_forced(x) for x in ms.forced]
+    algos = np.asarray([a for a, _p in forced], dtype=object)
+    protos = np.asarray([p for _a, p in forced], dtype=object)
+    names = {x.algorithm for x in cs}
+    pnames = {x.protocol for x in cs}
     for k, c in enumerate(cs):
-        # a call run with a forced algorithm is timed only by that algorithm (where the form has it)
-        other = (forced != "") & (forced != c.algorithm) & np.isin(forced, [x.algorithm for x in cs])
+        # a call run with a forced algorithm / protocol is timed only by it (where the form has it)
+        other = ((algos != "") & (algos != c.algorithm) & np.isin(algos, list(names))) | \
+            ((protos != "") & (protos != c.protocol) & np.isin(protos, list(pnames)))
         d[other, k, :] = np.inf
     return d, cs, np.asarray(ms.obs, int), np.asarray(ms.time_s, np.float64)
 
 
-def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None, iterations: int = 30) -> Fit:
-    """Least squares on relative residuals with the latency priors, the
-    choice of (algorithm, protocol) per call re-made until it is stable."""
+def _reparam(backend: str) -> np.ndarray:
+    """T with theta = T @ p: the fit's parameters p keep the protocols in
+    NCCL's order of bandwidth (1 / bw: Simple <= LL128 <= LL, the same
+    scope), all p >= 0: LL128's inverse bandwidth is Simple's plus a
+    non-negative increment, LL's LL128's plus another. Without it the
+    protocols' blocks could trade places (a "Simple" fitted to the small
+    calls)."""
+    t = np.eye(NT)
+    if backend != "nccl":
+        return t
+    for q in (3, 4):
+        s_, l128, ll = OFFSET["Simple"] + q, OFFSET["LL128"] + q, OFFSET["LL"] + q
+        t[l128, s_] = 1.0
+        t[ll, s_] = t[ll, l128] = 1.0
+    return t
+
+
+def _to_param(d: np.ndarray, tr: np.ndarray) -> np.ndarray:
+    """The design in the fit's parameters (a choice that cannot run a call stays infinite)."""
+    bad = ~np.isfinite(d).all(axis=2)
+    out = np.where(np.isfinite(d), d, 0.0) @ tr
+    out[bad] = np.inf
+    return out
+
+
+def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None, iterations: int = 40) -> Fit:
+    """Least squares on relative residuals (8 B and 1 GiB weigh alike)
+    with the priors, the choice of (algorithm, protocol) per call
+    re-made until it is stable, from several starting points."""
     ms = ms.usable()
     if not len(ms):
         raise ValueError("no collective with a positive time on >= 2 ranks to fit the cost model to")
     fixed = fixed or Fixed()
     prior = dict(PRIORS[backend])
     d, cs, obs, t = _observation_matrix(ms, form, backend)
-    # which bandwidth scopes the data see
-    seen = [bool((d[:, :, 3] > 0).any()), bool((d[:, :, 4] > 0).any())]
-    values, free, status = _start(ms, d, obs, t, form, fixed, prior, seen)
-    theta, cov, s = _iterate(d, obs, t, values, free, prior, backend, iterations)
+    finite = np.where(np.isfinite(d), d, 0.0)
+    active = (finite != 0).any(axis=(0, 1))           # terms some choice of some call uses
+    tr = _reparam(backend)
+    dp = _to_param(d, tr)
+    best = None
+    for start in (STARTS if backend == "nccl" else STARTS[:1]):
+        values, free, status = _start(ms, d, obs, t, form, fixed, prior, active, start)
+        res = _iterate(dp, obs, t, np.linalg.solve(tr, values), free, prior, backend, iterations)
+        if best is None or res[3] < best[3][3] - 1e-12:
+            best = (values, free, status, res)
+    assert best is not None
+    _values, free, status, (theta, cov, s, _obj) = best
     theta, cov = theta.copy(), cov.copy()
-    for j in (3, 4):                           # an assumed scope follows the fitted one
-        if str(status.get(TERMS[j], "")).startswith("assumed"):
-            o = 7 - j
-            theta[j] = theta[o]
-            cov[j, :], cov[:, j] = cov[o, :], cov[:, o]
-            cov[j, j] = cov[o, o]
-    if backend == "gloo" and not seen[1] and free[2] and form != "hockney":
+    for proto in BLOCK_ORDER:                  # an assumed scope follows the fitted one (in the parameters)
+        o = OFFSET[proto]
+        for j in (o + 3, o + 4):
+            if str(status.get(TERMS[j], "")).startswith("assumed"):
+                other = o + 3 if j == o + 4 else o + 4
+                theta[j] = theta[other]
+                cov[j, :], cov[:, j] = cov[other, :], cov[:, other]
+                cov[j, j] = cov[other, other]
+    theta, cov = tr @ theta, tr @ cov @ tr.T
+    seen_inter = bool((finite[:, :, [OFFSET[p] + 4 for p in BLOCK_ORDER]] > 0).any())
+    if backend == "gloo" and not seen_inter and free[2] and form != "hockney":
         # gloo measured inside one host: across hosts, the same TCP step latency (no better guess)
         theta[2] = theta[1]
         cov[2, :], cov[:, 2] = cov[1, :], cov[:, 1]
         cov[2, 2] = cov[1, 1]
         status["inter_lat"] = "assumed (= intra_lat)"
+    # which protocols the fitted model runs for the measured calls: the others' bandwidths are their priors
+    with np.errstate(invalid="ignore"):
+        tt = d @ theta
+    chosen = {cs[k].protocol for k in np.argmin(np.where(np.isfinite(tt), tt, np.inf), axis=1)}
     for j, name in enumerate(TERMS):
         if name in status:
             continue
-        if j < 3:
+        if not active[j]:
+            status[name] = "unused"
+        elif IS_LAT[j]:
             prior_sd = prior[name] * PRIOR_WIDTH[backend]
             status[name] = "fitted" if math.sqrt(max(cov[j, j], 0)) < 0.5 * prior_sd else "prior"
+        elif TERM_PROTOCOL[j] != "Simple" and TERM_PROTOCOL[j] not in chosen:
+            status[name] = "prior (NCCL's ratio to Simple)"
         else:
             status[name] = "fitted"
     return Fit(form=form, backend=backend, theta=theta, cov=cov, scatter=s, status=status, points=len(t),
                ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})))
 
 
-def _start(ms: Measurements, d, obs, t, form: str, fixed: Fixed, prior: Dict[str, float], seen):
+def _start(ms: Measurements, d, obs, t, form: str, fixed: Fixed, prior: Dict[str, float], active, start):
     """(starting values, which terms are free, status of the others): fixed
-    terms as given, no per-step latency for Hockney's form, bandwidths from
-    the largest calls of each scope seen (a scope nobody measured takes the
-    other's, said so), latencies at their priors."""
+    terms as given, no per-step latency for Hockney's form, Simple's
+    bandwidths from the largest calls of each scope seen (a scope nobody
+    measured takes the other's, said so), LL's and LL128's at ``start``'s
+    fractions of them, latencies at their priors."""
     status: Dict[str, str] = {}
-    values = np.zeros(5)
-    free = np.ones(5, bool)
+    values = np.zeros(NT)
+    free = active.copy()
     for j, name in enumerate(TERMS):
         if name in fixed.values:
             v = fixed.values[name]
-            values[j] = (1.0 / v if v > 0 else 0.0) if j >= 3 else v
+            values[j] = v if IS_LAT[j] else (1.0 / v if v > 0 else 0.0)
             free[j] = False
             status[name] = fixed.source
+    for j, name in enumerate(TERMS):
+        if not active[j] and name not in status:
+            free[j] = False
     if form == "hockney":                     # no per-step latency in this form
-        for j in (1, 2):
-            if free[j]:
-                free[j], values[j] = False, 0.0
-                status[TERMS[j]] = "unused"
-    # initial bandwidths: the largest calls' bus bandwidth in each scope
+        for proto in BLOCK_ORDER:
+            for j in (OFFSET[proto] + 1, OFFSET[proto] + 2):
+                if free[j] or not active[j]:
+                    free[j], values[j] = False, 0.0
+                    status[TERMS[j]] = "unused"
     sizes = np.asarray(ms.nbytes)
-    for j in (3, 4):
+    fin = np.where(np.isfinite(d), d, 0.0)
+    o = OFFSET["Simple"]
+    for j in (o + 3, o + 4):                   # Simple: the largest calls' bus bandwidth in each scope
         if not free[j]:
             continue
-        call_sel = d[:, 0, j] > 0
-        if not seen[j - 3] or not call_sel.any():
-            free[j] = False
-            continue
+        k = int(np.argmax((fin[:, :, j] > 0).sum(axis=0)))
+        call_sel = fin[:, k, j] > 0
         big = call_sel & (sizes >= np.percentile(sizes[call_sel], 75))
-        values[j] = float(np.median(t[obs[big]] / d[big, 0, j]))      # 1 / bus bandwidth
-    for j in (3, 4):                           # a scope nobody measured: the other one's, said so
-        if not free[j] and values[j] == 0 and TERMS[j] not in status:
-            other = 7 - j
+        values[j] = float(np.median(t[obs[big]] / fin[big, k, j]))      # 1 / bus bandwidth
+    for j in (o + 3, o + 4):                   # a scope nobody measured: the other one's, said so
+        if values[j] == 0 and TERMS[j] not in status:
+            other = o + 3 if j == o + 4 else o + 4
             status[TERMS[j]] = f"assumed (= {TERMS[other]})" if values[other] else "unused"
             values[j] = values[other]
-    for j in range(3):
-        if free[j]:
-            values[j] = prior[TERMS[j]]
+            free[j] = False
+    for proto, frac in zip(("LL", "LL128"), start):
+        for q in (3, 4):
+            j, js = OFFSET[proto] + q, o + q
+            if TERMS[j] in status:
+                continue
+            values[j] = values[js] / frac
+            if not active[j]:
+                other = OFFSET[proto] + 7 - q
+                status[TERMS[j]] = f"assumed (= {TERMS[other]})" if active[other] else "unused"
+    for j, name in enumerate(TERMS):
+        if IS_LAT[j] and name not in status and name in prior:
+            values[j] = prior[name]      # a latency the data do not reach (across nodes, measured in one): its prior
+            if not active[j]:
+                status[name] = "prior"
     return values, free, status
 
 
 def _iterate(d, obs, t, values, free, prior, backend: str, iterations: int):
-    """(theta, covariance, scatter) of the best objective: each round picks
-    every call's cheapest (algorithm, protocol) under the current terms,
-    solves, and re-weights (Huber, on relative residuals) until stable."""
+    """(theta, covariance, scatter, objective) of the best objective: each
+    round picks every call's cheapest (algorithm, protocol) under the
+    current terms, solves (relative residuals), and re-weights (Huber, on
+    log residuals) until stable; the objective that ranks the rounds (and
+    the fit's starting points) is Huber's loss of the log residuals."""
     n_obs = len(t)
     scale = np.where(values > 0, values, 1e-6)
     best = None
@@ -464,66 +580,99 @@ def _iterate(d, obs, t, values, free, prior, backend: str, iterations: int):
             tt = d @ theta
         k = np.argmin(np.where(np.isfinite(tt), tt, np.inf), axis=1)
         row = d[np.arange(len(k)), k]
-        a = np.zeros((n_obs, 5))
+        a = np.zeros((n_obs, NT))
         np.add.at(a, obs, row)
         theta_new, cov, s_new = _solve(a, t, theta, free, scale, prior, s, PRIOR_WIDTH[backend], w)
-        r = np.abs((a @ theta_new - t) / t)
+        r = np.abs(np.log(np.maximum(a @ theta_new, 1e-15) / t))
         if huber is None:
             # Huber's threshold from the first solve's residuals (a median absolute deviation: a minority of
             # observations far off cannot set it)
             huber = HUBER_K * max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 0.01)
         obj = _objective(d, obs, t, theta_new, free, scale, prior, s_new, PRIOR_WIDTH[backend], huber)
-        if best is None or obj < best[0] - 1e-12:
-            best = (obj, theta_new, cov, s_new)
+        if best is None or obj < best[3] - 1e-12:
+            best = (theta_new, cov, s_new, obj)
         w_new = np.minimum(1.0, huber / np.maximum(r, 1e-12))
         if np.allclose(theta_new, theta, rtol=1e-6, atol=0) and abs(s_new - s) < 1e-4 and np.allclose(w_new, w):
             break
         theta, s, w = theta_new, s_new, w_new
     assert best is not None
-    return best[1], best[2], best[3]
+    return best
+
+
+#: the increments of the inverse bandwidths (the fit's parameters, :func:`_reparam`) at NCCL's ratios, per unit
+#: of Simple's: LL128 1/0.92 - 1, LL 1/0.5 - 1/0.92
+_BW_STEP = {"LL128": 1 / RING_PROTO_BW["LL128"] - 1, "LL": 1 / RING_PROTO_BW["LL"] - 1 / RING_PROTO_BW["LL128"]}
+
+
+def _bw_prior_rows(theta, free, idx):
+    """(index into idx, term, target) of LL's and LL128's bandwidth priors
+    in the fit's parameters: NCCL's ratios to Simple's of the same scope."""
+    out = []
+    for q, j in enumerate(idx):
+        proto = TERM_PROTOCOL[j]
+        if IS_LAT[j] or proto == "Simple":
+            continue
+        js = OFFSET["Simple"] + (j - OFFSET[proto])
+        if theta[js] > 0:
+            out.append((q, j, theta[js] * _BW_STEP[proto]))
+    return out
 
 
 def _solve(a, t, theta, free, scale, prior, s, width, wt=None):
-    """Weighted least squares for the free terms (relative residuals times
-    the robust weights ``wt``, priors on the latencies), kept >= 0 by fixing
+    """Weighted least squares for the free terms on relative residuals
+    (times the robust weights ``wt``), with the priors, kept >= 0 by fixing
     negative terms at zero."""
     free = free.copy()
     wt = np.ones_like(t) if wt is None else wt
     sw = np.sqrt(wt)
-    for _ in range(6):
+    idx = np.flatnonzero(free)
+    u = np.zeros(0)
+    m = np.zeros((0, 0))
+    for _ in range(8):
         idx = np.flatnonzero(free)
+        if not len(idx):
+            break
         x = a[:, idx] * scale[idx] / t[:, None] * sw[:, None]
-        y = ((t - a[:, ~free] @ theta[~free]) / t if (~free).any() else np.ones_like(t)) * sw
+        fixed_part = (a[:, ~free] @ theta[~free]) / t if (~free).any() else 0.0
+        y = (1.0 - fixed_part) * sw
         rows, rhs = [x], [y]
         for q, j in enumerate(idx):
-            if j < 3:                                   # prior: theta_j ~ N(mu, (mu * width)^2)
+            if IS_LAT[j]:                               # prior: theta_j ~ N(mu, (mu * width)^2)
                 mu = prior[TERMS[j]]
-                w = s / (mu * width)
+                wq = s / (mu * width)
                 r = np.zeros(len(idx))
-                r[q] = w * scale[j]
+                r[q] = wq * scale[j]
                 rows.append(r[None, :])
-                rhs.append(np.array([w * mu]))
+                rhs.append(np.array([wq * mu]))
+        for q, _j, mu in _bw_prior_rows(theta, free, idx):
+            wq = s / (mu * BW_PRIOR_WIDTH)
+            r = np.zeros(len(idx))
+            r[q] = wq * scale[idx[q]]
+            rows.append(r[None, :])
+            rhs.append(np.array([wq * mu]))
         m = np.vstack(rows)
         v = np.concatenate(rhs)
         u, *_ = np.linalg.lstsq(m, v, rcond=None)
-        if (u >= 0).all() or not len(u):
+        if (u >= 0).all():
             break
         neg = idx[u < 0]
         free[neg] = False
         theta = theta.copy()
         theta[neg] = 0.0
     out = theta.copy()
-    out[idx] = u * scale[idx]
-    resid = (a @ out - t) / t
+    if len(idx):
+        out[idx] = u * scale[idx]
+    resid = np.log(np.maximum(a @ out, 1e-15) / t)
     dof = max(float(wt.sum()) - len(idx), 1.0)
     s_new = max(float(np.sqrt((wt * resid ** 2).sum() / dof)), 0.01)
-    cov = np.zeros((5, 5))
-    try:
-        inv = np.linalg.inv(m.T @ m)
-        cu = inv * s_new ** 2
-        cov[np.ix_(idx, idx)] = cu * np.outer(scale[idx], scale[idx])
-    except np.linalg.LinAlgError:
-        cov[np.ix_(idx, idx)] = np.inf
+    cov = np.zeros((NT, NT))
+    if len(idx):
+        try:
+            inv = np.linalg.inv(m.T @ m)
+            cu = inv * s_new ** 2
+            cov[np.ix_(idx, idx)] = cu * np.outer(scale[idx], scale[idx])
+        except np.linalg.LinAlgError:
+            cov[np.ix_(idx, idx)] = np.inf
     return out, cov, s_new
 
 
@@ -533,12 +682,14 @@ def _objective(d, obs, t, theta, free, scale, prior, s, width, huber: float = np
     row_t = np.min(np.where(np.isfinite(tt), tt, np.inf), axis=1)
     pred = np.zeros(len(t))
     np.add.at(pred, obs, row_t)
-    r = np.abs((pred - t) / t)
+    r = np.abs(np.log(np.maximum(pred, 1e-15) / t))      # symmetric: 2x over and 2x under weigh alike
     obj = float(np.where(r <= huber, r ** 2, 2 * huber * r - huber ** 2).sum())    # Huber's loss
-    for j in range(3):
-        if free[j]:
+    for j in np.flatnonzero(free):
+        if IS_LAT[j]:
             mu = prior[TERMS[j]]
             obj += float(((theta[j] - mu) / (mu * width)) ** 2) * s ** 2
+    for _q, j, mu in _bw_prior_rows(theta, free, np.flatnonzero(free)):
+        obj += float(((theta[j] - mu) / (mu * BW_PRIOR_WIDTH)) ** 2) * s ** 2
     return obj
 
 
@@ -583,15 +734,38 @@ class CostModel:
     #: "point" (the best form), "lo" / "hi" (the interval's ends)
     bound: str = "point"
     note: str = ""
+    #: the naive answers from the same measurements, and the held-out comparison with them (:func:`compare`)
+    baselines: Optional["Baselines"] = None
+    comparison: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COMPARISON_COLUMNS))
+
+    def worse_than(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None) -> List[str]:
+        """The baselines that did better than the model, held out, in this call's scope and size band."""
+        c = self.comparison
+        if c is None or not len(c):
+            return []
+        p = int(ppn or self._ppn(n))
+        scope = "across nodes" if n > p else "one node"
+        sel = c[(c["scope"] == scope) & (c["band"] == band_of(nbytes))]
+        out = []
+        for _i, r in sel.iterrows():
+            for k in BASELINES:
+                if np.isfinite(r[f"{k}_median_pct"]) and r[f"{k}_median_pct"] < r["model_median_pct"] and k not in out:
+                    out.append(k)
+        return out
 
     # the replay's interface ------------------------------------------------------------
     def _ppn(self, n: int) -> int:
         return int(self.gpus_per_node or self.ppn or 1)
 
-    def estimate(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None) -> Dict[str, Any]:
-        """Point, interval and the choice of one call (seconds)."""
+    def estimate(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None,
+                 with_baselines: bool = True) -> Dict[str, Any]:
+        """Point, interval and the choice of one call (seconds); beside them
+        the naive answers (``constant_busbw_s``, ``log2_nodes_s``). Where a
+        naive answer did better than the model held out (this scope and size
+        band), the interval covers it and ``worse_than`` names it."""
         if n <= 1:
-            return {"time_s": 0.0, "lo_s": 0.0, "hi_s": 0.0, "algorithm": "-", "form": self.best}
+            return {"time_s": 0.0, "lo_s": 0.0, "hi_s": 0.0, "algorithm": "-", "form": self.best,
+                    "constant_busbw_s": 0.0, "log2_nodes_s": 0.0, "worse_than": []}
         p = int(ppn or self._ppn(n))
         vals = {}
         for name, f in self.fits.items():
@@ -602,8 +776,20 @@ class CostModel:
         t_best, choice, _se, _s = vals[self.best]
         lo = min(v[0] - 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
         hi = max(v[0] + 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
-        return {"time_s": t_best, "lo_s": max(min(lo, t_best), 0.0), "hi_s": max(hi, t_best), "algorithm": choice,
-                "form": self.best}
+        out = {"time_s": t_best, "lo_s": max(min(lo, t_best), 0.0), "hi_s": max(hi, t_best), "algorithm": choice,
+               "form": self.best}
+        if not with_baselines:
+            return out
+        b = self.baselines.times(op, nbytes, n, p) if self.baselines is not None else \
+            {k: float("nan") for k in BASELINES}
+        worse = self.worse_than(op, nbytes, n, p)
+        for k in worse:
+            v = b[k]
+            if np.isfinite(v):
+                out["lo_s"], out["hi_s"] = min(out["lo_s"], v), max(out["hi_s"], v)
+        out.update({f"{k}_s": v for k, v in b.items()})
+        out["worse_than"] = worse
+        return out
 
     def time(self, op: str, nbytes: float, n: int) -> float:
         e = self.estimate(op, nbytes, n)
@@ -660,14 +846,16 @@ class CostModel:
 def _scaled(f: Fit, op, nbytes, ranks, ppn, bw_scale: float, lat_scale: float) -> np.ndarray:
     row, _k, _cs = f.coef(op, nbytes, ranks, ppn)
     th = f.theta.copy()
-    th[:3] *= lat_scale
-    th[3:] /= bw_scale
+    th[IS_LAT] *= lat_scale
+    th[~IS_LAT] /= bw_scale
     return row @ th
 
 
 def build(ms: Measurements, backend: str = "nccl", fixed: Optional[Fixed] = None,
-          forms: Optional[Sequence[str]] = None, source: str = "fitted") -> CostModel:
-    """Fit every form of ``backend``, choose by leave-one-N-out validation."""
+          forms: Optional[Sequence[str]] = None, source: str = "fitted", compare_baselines: bool = True) -> CostModel:
+    """Fit every form of ``backend``, choose by leave-one-N-out validation;
+    beside it the naive answers and (``compare_baselines``) the held-out
+    comparison with them."""
     backend = backend_of(backend)
     ms = ms.usable()
     if not len(ms):
@@ -708,8 +896,157 @@ def build(ms: Measurements, backend: str = "nccl", fixed: Optional[Fixed] = None
         limit = 1.5 * score[best] + 2.0
         plausible = [f for f in forms if f in score and score[f] <= limit]
     ppn = int(np.median(ms.obs_ppn)) if len(ms) else 1
+    comparison = compare(ms, backend, fixed, forms) if compare_baselines else None
     return CostModel(backend=backend, fits=fits, best=best, plausible=plausible, validation=val, ppn=ppn,
-                     source=source)
+                     source=source, baselines=Baselines(ms),
+                     comparison=comparison if comparison is not None else pd.DataFrame(columns=COMPARISON_COLUMNS))
+
+
+# -- the naive answers beside the model -------------------------------------------------------------
+#: size bands of the comparison with the naive answers (bytes: [lo, hi))
+BANDS = (("< 64 KiB", 0, 64 << 10), ("64 KiB - 16 MiB", 64 << 10, 16 << 20), (">= 16 MiB", 16 << 20, float("inf")))
+BASELINES = ("constant_busbw", "log2_nodes")
+COMPARISON_COLUMNS = ["scope", "band", "held_out_ranks", "fitted_on", "points", "model_median_pct", "model_max_pct",
+                      "constant_busbw_median_pct", "constant_busbw_max_pct", "log2_nodes_median_pct",
+                      "log2_nodes_max_pct", "better"]
+
+
+def band_of(nbytes: float) -> str:
+    return next(name for name, lo, hi in BANDS if lo <= nbytes < hi)
+
+
+def _interp_log(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
+    """log-log interpolation of y at x (clamped to the measured range)."""
+    if not len(xs):
+        return float("nan")
+    return float(np.exp(np.interp(math.log(max(x, 1.0)), np.log(np.maximum(xs, 1.0)), np.log(ys))))
+
+
+class Baselines:
+    """The two answers a user would give without a model, from the same
+    measurements (single calls): **constant busbw** (the bus bandwidth
+    measured at the largest count of the same scope, one node or several,
+    carried to N: t = S f(N) / busbw) and **log2 nodes** (at each size the
+    time measured at the counts of that scope, linear in log2(nodes) across
+    nodes, log2(ranks) inside one: interpolated between the counts,
+    extrapolated along the last two)."""
+
+    def __init__(self, ms: Optional[Measurements]):
+        self.curves: Dict[Tuple[str, bool], Dict[int, Tuple[np.ndarray, np.ndarray]]] = {}
+        self.ppn: Dict[int, int] = {}
+        if ms is None:
+            return
+        count = np.bincount(np.asarray(ms.obs, int), minlength=len(ms.time_s))
+        first: Dict[int, int] = {}
+        for j, o in enumerate(ms.obs):
+            first.setdefault(o, j)
+        pts: Dict[Tuple[str, bool, int], Dict[float, float]] = {}
+        for i in range(len(ms.time_s)):
+            if count[i] != 1 or ms.time_s[i] <= 0 or ms.obs_ranks[i] < 2:
+                continue
+            j = first[i]
+            n, p = ms.obs_ranks[i], ms.obs_ppn[i]
+            key = (ms.op[j], n > p, n)
+            cur = pts.setdefault(key, {})
+            s = ms.nbytes[j]
+            cur[s] = min(cur.get(s, float("inf")), ms.time_s[i])      # repeats: the faster (as row_time_us)
+            self.ppn[n] = p
+        for (op, multi, n), by_size in pts.items():
+            sizes = np.array(sorted(by_size), float)
+            self.curves.setdefault((op, multi), {})[n] = (sizes, np.array([by_size[s] for s in sizes]))
+
+    def _scope(self, op: str, multi: bool):
+        c = self.curves.get((canonical(op), multi))
+        return c if c else None
+
+    def constant_busbw(self, op: str, nbytes: float, n: int, ppn: int) -> float:
+        multi = n > ppn
+        c = self._scope(op, multi) or self._scope(op, not multi)
+        if not c or n < 2:
+            return float("nan")
+        ref = max(c)
+        sizes, times = c[ref]
+        f_ref, f_n = float(bus_factor(canonical(op), ref)), float(bus_factor(canonical(op), n))
+        if not (np.isfinite(f_ref) and np.isfinite(f_n)) or f_ref <= 0:
+            f_ref = f_n = 1.0
+        busbw = sizes * f_ref / times
+        return float(nbytes * f_n / _interp_log(nbytes, sizes, busbw))
+
+    def log2_nodes(self, op: str, nbytes: float, n: int, ppn: int) -> float:
+        multi = n > ppn
+        c = self._scope(op, multi)
+        if not c or len(c) < 2 or n < 2:
+            return float("nan")
+        counts = sorted(c)
+        xs = np.array([math.log2(math.ceil(k / self.ppn.get(k, ppn))) if multi else math.log2(k) for k in counts])
+        ys = np.array([_interp_log(nbytes, *c[k]) for k in counts])
+        x = math.log2(math.ceil(n / ppn)) if multi else math.log2(n)
+        if x <= xs[-1]:
+            return float(np.interp(x, xs, ys))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if xs[-1] > xs[-2] else 0.0
+        return float(max(ys[-1] + slope * (x - xs[-1]), 0.0))
+
+    def times(self, op: str, nbytes: float, n: int, ppn: int) -> Dict[str, float]:
+        return {"constant_busbw": self.constant_busbw(op, nbytes, n, ppn),
+                "log2_nodes": self.log2_nodes(op, nbytes, n, ppn)}
+
+
+def _singles(ms: Measurements) -> List[Tuple[int, int]]:
+    """(observation, its call) of the observations that are one call."""
+    count = np.bincount(np.asarray(ms.obs, int), minlength=len(ms.time_s))
+    out: Dict[int, int] = {}
+    for j, o in enumerate(ms.obs):
+        if count[o] == 1:
+            out.setdefault(o, j)
+    return sorted(out.items())
+
+
+def compare(ms: Measurements, backend: str, fixed: Optional[Fixed] = None, forms: Optional[Sequence[str]] = None
+            ) -> pd.DataFrame:
+    """Held out against the naive answers: the largest measured count of
+    each scope (one node, several) predicted from the smaller ones by the
+    model (refitted without it) and by both baselines, per size band:
+    median and worst |error| %, and which answer was best."""
+    ms = ms.usable()
+    ranks = np.asarray(ms.obs_ranks)
+    nodes = ms.nodes
+    rows = []
+    for multi in (False, True):
+        scope = ranks[(nodes > 1) == multi]
+        if len(set(scope.tolist())) < 2:
+            continue
+        held = int(scope.max())
+        train = ms.subset(ranks < held)
+        test = ms.subset(ranks == held)
+        try:
+            model = build(train, backend, fixed, forms, compare_baselines=False)
+        except ValueError:
+            continue
+        base = Baselines(train)
+        errs: Dict[str, Dict[str, List[float]]] = {}
+        for i, j in _singles(test):
+            op, s, n, p = test.op[j], test.nbytes[j], test.obs_ranks[i], test.obs_ppn[i]
+            t = test.time_s[i]
+            got = {"model": model.estimate(op, s, n, p, with_baselines=False)["time_s"], **base.times(op, s, n, p)}
+            for k, v in got.items():
+                if np.isfinite(v):
+                    errs.setdefault(band_of(s), {}).setdefault(k, []).append(abs(v - t) / t * 100)
+        fitted_on = ",".join(str(x) for x in sorted(set(train.obs_ranks)))
+        for name, _lo, _hi in BANDS:
+            e = errs.get(name)
+            if not e or "model" not in e:
+                continue
+            row = {"scope": "across nodes" if multi else "one node", "band": name, "held_out_ranks": held, "fitted_on": fitted_on, "points": len(e["model"])}
+            med = {}
+            for k in ("model", *BASELINES):
+                v = e.get(k)
+                row[f"{k}_median_pct"] = float(np.median(v)) if v else float("nan")
+                row[f"{k}_max_pct"] = float(np.max(v)) if v else float("nan")
+                if v:
+                    med[k] = row[f"{k}_median_pct"]
+            row["better"] = min(med, key=lambda k: med[k])
+            rows.append(row)
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
 # -- helpers for the inputs ----------------------------------------------------------------------
@@ -724,8 +1061,8 @@ def from_rows(rows: Iterable[dict], ranks: Optional[int] = None, ppn: Optional[i
         if not t_us:
             continue
         n = int(r.get("ranks") or ranks or 0)
-        if n < 2:
-            continue
+        if n < 2 or not r.get("bytes"):
+            continue                     # nothing to communicate (nccl-tests' size-0 rows move no data)
         ms.add([(r["op"], r["bytes"])], n, int(r.get("ranks_per_node") or ppn or n), t_us * 1e-6, source,
                r.get("algorithm") or forced)
     return ms
@@ -837,14 +1174,30 @@ def described(fixed: Fixed, backend: str = "nccl", ppn: int = 1) -> CostModel:
         v["intra_bw"], status["intra_bw"] = v["inter_bw"], "assumed (= inter_bw)"
     if "inter_bw" not in v:
         v["inter_bw"], status["inter_bw"] = v["intra_bw"], "assumed (= intra_bw)"
+    # LL and LL128: NCCL's latency constants and bandwidth ratios to Simple's (nothing measured them)
+    if backend == "nccl":
+        for proto in ("LL", "LL128"):
+            for k in LATENCY_TERMS:
+                name = _name(proto, k)
+                if name not in v:
+                    v[name], status[name] = PRIORS[backend][name], "prior"
+            for k in ("intra_bw", "inter_bw"):
+                name = _name(proto, k)
+                if name not in v:
+                    v[name], status[name] = v[k] * RING_PROTO_BW[proto], "prior (NCCL's ratio to Simple)"
     fits = {}
     for form in FORMS[backend]:
-        th = np.array([v["base"], v["intra_lat"], v["inter_lat"], 1 / v["intra_bw"], 1 / v["inter_bw"]])
+        th = np.zeros(NT)
         st = dict(status)
-        if form == "hockney":
-            th[1:3] = 0.0
-            st["intra_lat"] = st["inter_lat"] = "unused"
-        fits[form] = Fit(form=form, backend=backend, theta=th, cov=np.zeros((5, 5)), scatter=0.0, status=st)
+        for j, name in enumerate(TERMS):
+            if name not in v:
+                st[name] = "unused"
+                continue
+            th[j] = v[name] if IS_LAT[j] else 1 / v[name]
+            if form == "hockney" and IS_LAT[j] and name.split(".")[-1] != "base":
+                th[j] = 0.0
+                st[name] = "unused"
+        fits[form] = Fit(form=form, backend=backend, theta=th, cov=np.zeros((NT, NT)), scatter=0.0, status=st)
     best = DEFAULT_FORM[backend]
     return CostModel(backend=backend, fits=fits, best=best, plausible=[best], validation=pd.DataFrame(
         columns=VALIDATION_COLUMNS), ppn=int(ppn or 1), source="network as described")
