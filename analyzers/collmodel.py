@@ -1141,7 +1141,8 @@ def frame(model: CostModel, ms: Optional[Measurements], targets: Sequence[int], 
                          "time_hi_us": float("nan"), "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9,
                          "algorithm": str(chosen[j]) + (" (forced)" if ms.forced[j] else ""),
                          "model_us": pred[i] * 1e6,
-                         "err_pct": 100 * (pred[i] - ms.time_s[i]) / ms.time_s[i]})
+                         "err_pct": 100 * (pred[i] - ms.time_s[i]) / ms.time_s[i],
+                         "constant_busbw_us": float("nan"), "log2_nodes_us": float("nan"), "worse_than": ""})
     for op, sizes in sizes_by_op.items():
         for n in targets:
             for nb in sizes:
@@ -1151,9 +1152,11 @@ def frame(model: CostModel, ms: Optional[Measurements], targets: Sequence[int], 
                              "predicted": True, "time_us": float(e["time_s"]) * 1e6,
                              "time_lo_us": float(e["lo_s"]) * 1e6, "time_hi_us": float(e["hi_s"]) * 1e6,
                              "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9, "algorithm": e["algorithm"],
-                             "model_us": float("nan"), "err_pct": float("nan")})
+                             "model_us": float("nan"), "err_pct": float("nan"),
+                             "constant_busbw_us": e["constant_busbw_s"] * 1e6, "log2_nodes_us": e["log2_nodes_s"] * 1e6,
+                             "worse_than": ", ".join(k.replace("_", " ") for k in e["worse_than"])})
     cols = ["op", "n_ranks", "nodes", "bytes", "predicted", "time_us", "time_lo_us", "time_hi_us", "algbw_GBps",
-            "busbw_GBps", "algorithm", "model_us", "err_pct"]
+            "busbw_GBps", "algorithm", "model_us", "err_pct", "constant_busbw_us", "log2_nodes_us", "worse_than"]
     return pd.DataFrame(rows, columns=cols).sort_values(["op", "predicted", "n_ranks", "bytes"], kind="stable")
 
 

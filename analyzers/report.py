@@ -533,7 +533,15 @@ COST_ROW_COLUMNS = [("op", "op", ""), ("n_ranks", "ranks", "d"), ("nodes", "node
                     ("predicted", "predicted", ""), ("time_us", "time us", ".1f"), ("time_lo_us", "lo us", ".1f"),
                     ("time_hi_us", "hi us", ".1f"), ("algbw_GBps", "algbw GB/s", ".2f"),
                     ("busbw_GBps", "busbw GB/s", ".2f"), ("algorithm", "algorithm", ""),
-                    ("err_pct", "model err %", "+.1f")]
+                    ("err_pct", "model err %", "+.1f"), ("constant_busbw_us", "constant busbw us", ".1f"),
+                    ("log2_nodes_us", "log2 nodes us", ".1f"), ("worse_than", "held out, beaten by", "")]
+COST_COMPARE_COLUMNS = [("scope", "scope", ""), ("band", "sizes", ""), ("held_out_ranks", "held-out ranks", "d"),
+                        ("fitted_on", "fitted on", ""), ("points", "points", "d"),
+                        ("model_median_pct", "model median %", ".1f"), ("model_max_pct", "model max %", ".1f"),
+                        ("constant_busbw_median_pct", "constant busbw median %", ".1f"),
+                        ("constant_busbw_max_pct", "constant busbw max %", ".1f"),
+                        ("log2_nodes_median_pct", "log2 nodes median %", ".1f"),
+                        ("log2_nodes_max_pct", "log2 nodes max %", ".1f"), ("better", "best", "")]
 
 
 def cost_report(model, rows: pd.DataFrame, notes: Sequence[str] = ()) -> Report:
@@ -544,12 +552,22 @@ def cost_report(model, rows: pd.DataFrame, notes: Sequence[str] = ()) -> Report:
                              model.terms_table(), COST_TERM_COLUMNS),
               "forms": Table("Model forms, each fitted leaving one measured rank count out",
                              model.validation, COST_FORM_COLUMNS),
-              "collectives": Table("Measured and predicted collectives (predicted: lo-hi spans the plausible forms)",
-                                   rows, COST_ROW_COLUMNS)}
+              "baselines": Table("The model against the naive answers, held out: the largest measured count of "
+                                 "each scope predicted from the smaller ones", model.comparison, COST_COMPARE_COLUMNS),
+              "collectives": Table("Measured and predicted collectives (predicted: lo-hi spans the plausible forms, "
+                                   "and a naive answer that did better held out)", rows, COST_ROW_COLUMNS)}
     out = [f"Predicting form: {model.best}; plausible: {', '.join(model.plausible)}.", *notes,
            "time = latency + bytes / bandwidth per (algorithm, protocol), the fastest per call, as NCCL's tuner "
            "(ring: 2 (n - 1) steps for all_reduce, 2 (nodes - 1) across nodes; tree: 2 ((ranks per node - 1) "
-           "intra + log2(nodes) inter)); busbw with the nccl-tests factors."]
+           "intra + log2(nodes) inter)); each protocol (LL, LL128, Simple) its own latency and bandwidth terms; "
+           "busbw with the nccl-tests factors."]
+    c = model.comparison
+    for _i, r in (c.iterrows() if c is not None and len(c) else iter(())):
+        if r["better"] != "model":
+            out.append(f"Held out at {r['held_out_ranks']} ranks ({r['scope']}, {r['band']}) the model was off by a "
+                       f"median {r['model_median_pct']:.1f} %, {r['better'].replace('_', ' ')} by "
+                       f"{r[str(r['better']) + '_median_pct']:.1f} %: there the predictions' intervals cover the "
+                       f"naive answer.")
     return Report(title="commprof model", tables=tables, notes=out)
 
 
