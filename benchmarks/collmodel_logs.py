@@ -10,6 +10,14 @@ error, then per log the median and worst |error|: of the model, against
 the out-of-place column alone, and of a constant-busbw extrapolation (the
 2-node bus bandwidth of each size, carried to N ranks).
 
+Then the two ABCI 2.0 clusters (A100 8 a node, V100 4 a node; 4 - 128
+GPUs, 4 B - 32 MiB) and one A100 node's three collectives (superbench):
+per set the in-sample |error| (fitted on every count), and held out
+(fitted at 4 - 16 GPUs, predicted at 64 and 128, 64 KiB - 32 MiB) the
+model beside both naive answers (constant busbw: the 16-GPU bus bandwidth
+carried to N; log2 nodes: linear in log2(nodes) through the measured
+counts, where two multi-node counts were measured).
+
     python benchmarks/collmodel_logs.py
 """
 import os
@@ -69,5 +77,66 @@ def main():
               f"worst {f.max():.1f} %")
 
 
+def _docs(names):
+    return [d for n in names for d in nt.import_logs([os.path.join(LOGS, n)])]
+
+
+def _ms(docs):
+    ms = cm.Measurements()
+    for d in docs:
+        ms.extend(cm.from_rows(d["rows"], forced=d.get("algorithm") or ""))
+    return ms
+
+
+def _err(model, d, lo=1):
+    n, ppn = d["world_size"], d["ranks_per_node"]
+    out = []
+    for r in d["rows"]:
+        t = cm.row_time_us(r)
+        if r["bytes"] >= lo and t:
+            e = model.estimate(d["op"], r["bytes"], n, ppn, with_baselines=False)["time_s"]
+            out.append(abs(e - t * 1e-6) / (t * 1e-6) * 100)
+    return np.array(out)
+
+
+def more_sets():
+    files = sorted(os.listdir(LOGS))
+    sets = {"ABCI 2.0 A100 (8 a node)": [f for f in files if f.startswith("abci2-a100_") and "early" not in f],
+            "ABCI 2.0 V100 (4 a node)": [f for f in files if f.startswith("abci2-v100_") and "early" not in f],
+            "nccl-tests 309 H100 (8 a node)": [f for f in files if f.startswith("nccltests309-") and "minctas" not in f],
+            "superbench A100 node, all_reduce": ["superbench-a100_1n_8g_allreduce.log"],
+            "superbench A100 node, all_gather": ["superbench-a100_1n_8g_allgather.log"],
+            "superbench A100 node, reduce_scatter": ["superbench-a100_1n_8g_reducescatter.log"]}
+    print("\nin sample (fitted on every count of the set)")
+    print(f"{'set':<38} {'rows':>5} {'median %':>9} {'p90 %':>7} {'worst %':>8}  protocols at the largest count")
+    for name, fs in sets.items():
+        docs = _docs(fs)
+        model = cm.build(_ms(docs), "nccl", compare_baselines=False)
+        e = np.concatenate([_err(model, d) for d in docs])
+        big = max(docs, key=lambda d: d["world_size"])
+        sw = model.fits[model.best].switch_points(big["op"], big["world_size"], big["ranks_per_node"])
+        print(f"{name:<38} {len(e):>5} {np.median(e):>9.1f} {np.percentile(e, 90):>7.1f} {e.max():>8.1f}  "
+              + ", ".join(f"{c} from {s} B" for s, c in sw))
+    print("\nheld out: fitted at 4-16 GPUs, predicted at 64 and 128 (64 KiB - 32 MiB)")
+    print(f"{'set':<26} {'N':>4} {'model median/worst %':>21} {'constant busbw %':>17} {'log2 nodes %':>13}")
+    for name in list(sets)[:2]:
+        docs = {d["world_size"]: d for d in _docs(sets[name])}
+        train = _ms([docs[n] for n in docs if n <= 16])
+        model = cm.build(train, "nccl", compare_baselines=False)
+        base = cm.Baselines(train)
+        for n in (64, 128):
+            d = docs[n]
+            e = _err(model, d, 64 << 10)
+            rows = [r for r in d["rows"] if r["bytes"] >= 64 << 10]
+            t = np.array([cm.row_time_us(r) * 1e-6 for r in rows])
+            fl = np.array([base.constant_busbw("all_reduce", r["bytes"], n, d["ranks_per_node"]) for r in rows])
+            lg = np.array([base.log2_nodes("all_reduce", r["bytes"], n, d["ranks_per_node"]) for r in rows])
+            fe, le = np.abs(fl - t) / t * 100, np.abs(lg - t) / t * 100
+            lg_s = f"{np.median(le):.1f}/{le.max():.1f}" if np.isfinite(le).all() else "n/a (one count)"
+            print(f"{name[:26]:<26} {n:>4} {np.median(e):>10.1f}/{e.max():<10.1f} "
+                  f"{np.median(fe):>8.1f}/{fe.max():<8.1f} {lg_s:>13}")
+
+
 if __name__ == "__main__":
     main()
+    more_sets()
