@@ -124,7 +124,7 @@ TREE_CORRECTION = {
 #: the LL and LL128 bandwidths, which the data replace where those protocols run
 RING_PROTO_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 #: a tree's bus bandwidth per protocol relative to Simple's (Tree/LL / 3.8; LL128 7/9 in a node, 120/128 across)
-TREE_PROTO_BW = {"LL": 1 / 3.8, "LL128": (7 / 9, 120 / 128), "Simple": 1.0}
+TREE_PROTO_BW: Dict[str, Any] = {"LL": 1 / 3.8, "LL128": (7 / 9, 120 / 128), "Simple": 1.0}
 #: getNetOverhead (x86 Intel; AMD 2 us) per protocol, microseconds: Simple pays it three times
 NET_OVERHEAD = {"LL": 1.0, "LL128": 1.0, "Simple": 3.0}
 #: the ring plateau's latency factor (minCompCap >= 80; 1.9 before) and the channels its threshold assumes
@@ -776,8 +776,8 @@ class CostModel:
         t_best, choice, _se, _s = vals[self.best]
         lo = min(v[0] - 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
         hi = max(v[0] + 1.96 * math.hypot(v[2], v[3] * v[0]) for k, v in vals.items() if k in self.plausible)
-        out = {"time_s": t_best, "lo_s": max(min(lo, t_best), 0.0), "hi_s": max(hi, t_best), "algorithm": choice,
-               "form": self.best}
+        out: Dict[str, Any] = {"time_s": t_best, "lo_s": max(min(lo, t_best), 0.0), "hi_s": max(hi, t_best),
+                               "algorithm": choice, "form": self.best}
         if not with_baselines:
             return out
         b = self.baselines.times(op, nbytes, n, p) if self.baselines is not None else \
@@ -906,8 +906,9 @@ def build(ms: Measurements, backend: str = "nccl", fixed: Optional[Fixed] = None
 #: size bands of the comparison with the naive answers (bytes: [lo, hi))
 BANDS = (("< 64 KiB", 0, 64 << 10), ("64 KiB - 16 MiB", 64 << 10, 16 << 20), (">= 16 MiB", 16 << 20, float("inf")))
 BASELINES = ("constant_busbw", "log2_nodes")
-COMPARISON_COLUMNS = ["scope", "band", "held_out_ranks", "fitted_on", "points", "model_median_pct", "model_max_pct",
-                      "constant_busbw_median_pct", "constant_busbw_max_pct", "log2_nodes_median_pct",
+COMPARISON_COLUMNS: List[str] = [
+    "scope", "band", "held_out_ranks", "fitted_on", "points", "model_median_pct", "model_max_pct",
+    "constant_busbw_median_pct", "constant_busbw_max_pct", "log2_nodes_median_pct",
                       "log2_nodes_max_pct", "better"]
 
 
@@ -1036,7 +1037,8 @@ def compare(ms: Measurements, backend: str, fixed: Optional[Fixed] = None, forms
             e = errs.get(name)
             if not e or "model" not in e:
                 continue
-            row = {"scope": "across nodes" if multi else "one node", "band": name, "held_out_ranks": held, "fitted_on": fitted_on, "points": len(e["model"])}
+            row: Dict[str, Any] = {"scope": "across nodes" if multi else "one node", "band": name,
+                                   "held_out_ranks": held, "fitted_on": fitted_on, "points": len(e["model"])}
             med = {}
             for k in ("model", *BASELINES):
                 v = e.get(k)

@@ -103,7 +103,8 @@ def more_sets():
     files = sorted(os.listdir(LOGS))
     sets = {"ABCI 2.0 A100 (8 a node)": [f for f in files if f.startswith("abci2-a100_") and "early" not in f],
             "ABCI 2.0 V100 (4 a node)": [f for f in files if f.startswith("abci2-v100_") and "early" not in f],
-            "nccl-tests 309 H100 (8 a node)": [f for f in files if f.startswith("nccltests309-") and "minctas" not in f],
+            "nccl-tests 309 H100 (8 a node)": [f for f in files
+                                               if f.startswith("nccltests309-") and "minctas" not in f],
             "superbench A100 node, all_reduce": ["superbench-a100_1n_8g_allreduce.log"],
             "superbench A100 node, all_gather": ["superbench-a100_1n_8g_allgather.log"],
             "superbench A100 node, reduce_scatter": ["superbench-a100_1n_8g_reducescatter.log"]}

@@ -195,7 +195,8 @@ def test_baselines_algebra():
         ms.add([("all_reduce", 1 << 20)], n, 8, t)
     b = cm.Baselines(ms)
     busbw = (1 << 20) * bus_factor("all_reduce", 32) / 150e-6
-    assert b.constant_busbw("all_reduce", 1 << 20, 64, 8) == pytest.approx((1 << 20) * bus_factor("all_reduce", 64) / busbw)
+    expect = (1 << 20) * bus_factor("all_reduce", 64) / busbw
+    assert b.constant_busbw("all_reduce", 1 << 20, 64, 8) == pytest.approx(expect)
     assert b.log2_nodes("all_reduce", 1 << 20, 64, 8) == pytest.approx(200e-6)      # 8 nodes: one more doubling
     assert b.log2_nodes("all_reduce", 1 << 20, 24, 8) == pytest.approx(100e-6 + 50e-6 * np.log2(1.5))
 
