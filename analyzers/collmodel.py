@@ -251,7 +251,8 @@ def design(op: Sequence[str], nbytes, ranks, ppn, form: str, backend: str) -> Tu
             # direction (a ring twice, and so does a tree of more nodes, whose inner nodes have two children)
             two = np.where(m == 2, 2.0, 1.0)
             tp = TREE_PROTO_BW[c.protocol]
-            rel = (np.where(multi, tp[1], tp[0]) if isinstance(tp, tuple) else tp) / RING_PROTO_BW[c.protocol]
+            tree_bw = np.where(multi, tp[1], tp[0]) if isinstance(tp, tuple) else np.full(np.shape(n), float(tp))
+            rel = np.asarray(tree_bw, np.float64) / RING_PROTO_BW[c.protocol]
             byt = s * 2.0 / (0.92 * rel * corr * two * _tree_pattern(p))
             lat[~is_ar] = np.inf
             byt = np.where(is_ar, byt, np.inf)
