@@ -1066,8 +1066,8 @@ def from_rows(rows: Iterable[dict], ranks: Optional[int] = None, ppn: Optional[i
         n = int(r.get("ranks") or ranks or 0)
         if n < 2 or not r.get("bytes"):
             continue                     # nothing to communicate (nccl-tests' size-0 rows move no data)
-        ms.add([(r["op"], r["bytes"])], n, int(r.get("ranks_per_node") or ppn or n), t_us * 1e-6, source,
-               r.get("algorithm") or forced)
+        told = ",".join(x for x in (r.get("algorithm") or forced, r.get("protocol") or "") if x)
+        ms.add([(r["op"], r["bytes"])], n, int(r.get("ranks_per_node") or ppn or n), t_us * 1e-6, source, told)
     return ms
 
 

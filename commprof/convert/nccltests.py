@@ -148,6 +148,16 @@ def _forced_algorithm(lines: List[str]) -> Optional[str]:
     return None
 
 
+def _forced_protocol(lines: List[str]) -> Optional[str]:
+    """``LL`` / ``LL128`` / ``Simple`` where the run set NCCL_PROTO to exactly one of them."""
+    for ln in lines:
+        m = re.search(r"NCCL_PROTO\s*(?:=|set by environment to)\s*([A-Za-z0-9,^]+)", ln)
+        if m:
+            v = m.group(1).strip().lower()
+            return {"ll": "LL", "ll128": "LL128", "simple": "Simple"}.get(v)
+    return None
+
+
 def _section_op(lines: List[str], name: str, op: Optional[str]) -> Optional[str]:
     if op is not None:
         return canonical(op)
@@ -204,6 +214,11 @@ def parse_all(text: str, name: str = "log", op: Optional[str] = None) -> List[Di
                 doc["algorithm"] = algo
                 for r in doc["rows"]:
                     r["algorithm"] = algo
+            proto = _forced_protocol(before + sec)
+            if proto:
+                doc["protocol"] = proto
+                for r in doc["rows"]:
+                    r["protocol"] = proto
             docs.append(doc)
     if not docs:
         raise TraceFormatError(f"{name}: no size rows: not an nccl-tests log")

@@ -343,3 +343,24 @@ def test_bus_factors_have_one_home():
     assert collectives.bus_factor is bus_factor and nt.bus_factor is bus_factor
     assert bus_factor("gather", 4) == 0.75 and np.isnan(bus_factor("barrier", 4))
     assert bus_factor("allreduce", 8) == 1.75      # other spellings are the same op
+
+
+def test_a_log_run_with_nccl_proto_is_fitted_with_that_protocol_only(tmp_path):
+    """NCCL_PROTO=Simple in a log's environment lines: the rows are timed by
+    Simple alone (the algorithm still chosen), as NCCL_ALGO forces the
+    algorithm."""
+    with open(os.path.join(LOGS, "superbench-a100_1n_8g_allreduce.log")) as fh:
+        text = fh.read()
+    path = tmp_path / "simple_allreduce.log"
+    path.write_text("NCCL INFO NCCL_PROTO set by environment to Simple\n" + text)
+    d = nt.import_logs([str(path)])[0]
+    assert d["protocol"] == "Simple" and "algorithm" not in d
+    ms = cm.from_rows(d["rows"])
+    assert set(ms.forced) == {"simple"}
+    model = cm.build(ms, "nccl", compare_baselines=False)
+    _t, chosen = cm.predict_calls(model.fits["nccl"], ms)
+    assert {c.protocol for c in chosen} == {"Simple"} and {c.algorithm for c in chosen} <= {"ring", "tree"}
+    free = cm.build(cm.from_rows(_log("superbench-a100_1n_8g_allreduce.log")["rows"]), "nccl",
+                    compare_baselines=False)
+    _t, chosen = cm.predict_calls(free.fits["nccl"], cm.from_rows(_log("superbench-a100_1n_8g_allreduce.log")["rows"]))
+    assert chosen[0].protocol == "LL"           # unforced, the small calls run LL
