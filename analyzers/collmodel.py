@@ -738,21 +738,25 @@ class CostModel:
     #: the naive answers from the same measurements, and the held-out comparison with them (:func:`compare`)
     baselines: Optional["Baselines"] = None
     comparison: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COMPARISON_COLUMNS))
+    _worse: Optional[Dict[Tuple[str, str], List[str]]] = field(default=None, repr=False, compare=False)
 
     def worse_than(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None) -> List[str]:
         """The baselines that did better than the model, held out, in this call's scope and size band."""
         c = self.comparison
         if c is None or not len(c):
             return []
+        if self._worse is None:               # once: (scope, band) -> the baselines that beat the model there
+            worse: Dict[Tuple[str, str], List[str]] = {}
+            for _i, r in c.iterrows():
+                cur = worse.setdefault((str(r["scope"]), str(r["band"])), [])
+                for k in BASELINES:
+                    if np.isfinite(r[f"{k}_median_pct"]) and r[f"{k}_median_pct"] < r["model_median_pct"] \
+                            and k not in cur:
+                        cur.append(k)
+            self._worse = worse
         p = int(ppn or self._ppn(n))
         scope = "across nodes" if n > p else "one node"
-        sel = c[(c["scope"] == scope) & (c["band"] == band_of(nbytes))]
-        out = []
-        for _i, r in sel.iterrows():
-            for k in BASELINES:
-                if np.isfinite(r[f"{k}_median_pct"]) and r[f"{k}_median_pct"] < r["model_median_pct"] and k not in out:
-                    out.append(k)
-        return out
+        return list(self._worse.get((scope, band_of(nbytes)), []))
 
     # the replay's interface ------------------------------------------------------------
     def _ppn(self, n: int) -> int:
