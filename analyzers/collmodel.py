@@ -997,6 +997,33 @@ class Baselines:
                 "log2_nodes": self.log2_nodes(op, nbytes, n, ppn)}
 
 
+@dataclass
+class NaiveModel:
+    """One naive answer (``constant_busbw`` or ``log2_nodes``) behind the
+    cost model's interface, for the replay: each call's time is that
+    answer's, the model's where the answer has none (a scope with one
+    measured count)."""
+    model: "CostModel"
+    which: str
+    bw_scale: float = 1.0
+    lat_scale: float = 1.0
+    bound: str = "point"
+
+    def available(self, op: str, nbytes: float, n: int) -> bool:
+        b = self.model.baselines
+        return b is not None and bool(np.isfinite(b.times(op, nbytes, n, self.model._ppn(n))[self.which]))
+
+    def estimate(self, op: str, nbytes: float, n: int, ppn: Optional[int] = None) -> Dict[str, Any]:
+        e = self.model.estimate(op, nbytes, n, ppn, with_baselines=False)
+        b = self.model.baselines
+        if n > 1 and b is not None:
+            v = b.times(op, nbytes, n, int(ppn or self.model._ppn(n)))[self.which]
+            if np.isfinite(v):
+                t = float(v)
+                e = {**e, "time_s": t, "lo_s": t, "hi_s": t, "algorithm": self.which}
+        return e
+
+
 def _singles(ms: Measurements) -> List[Tuple[int, int]]:
     """(observation, its call) of the observations that are one call."""
     count = np.bincount(np.asarray(ms.obs, int), minlength=len(ms.time_s))

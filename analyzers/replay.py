@@ -415,7 +415,8 @@ def measured_row(st: Structure) -> Dict[str, float]:
 PREDICT_COLUMNS = ["config", "gpus", "kind", "scenario", "step_ms", "step_ms_lo", "step_ms_hi", "samples_per_s",
                    "samples_per_s_lo", "samples_per_s_hi", "gain_pct",
                    "speedup", "efficiency_pct", "comm_pct", "comm_pct_lo", "comm_pct_hi", "data_pct", "compute_pct",
-                   "other_pct", "batch_per_rank", "source_gpus", "algorithm", "comm_model"]
+                   "other_pct", "batch_per_rank", "source_gpus", "algorithm", "comm_model",
+                   "comm_pct_constant_busbw", "comm_pct_log2_nodes"]
 
 
 def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int],
@@ -445,6 +446,8 @@ def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int],
                 rows.append(_row(config, n, "predicted" if w is None else "what-if", w.name if w else "",
                                  r.step_s, r.lo_s, r.hi_s, r.batch, r.shares, base_tput, src.world,
                                  comm.describe(), r.comm_lo, r.comm_hi, r.algorithm))
+                if w is None:
+                    rows[-1].update(_naive_shares(src, n, comm, steps, max(4, reps // 3), seed, mode))
     out = pd.DataFrame(rows, columns=PREDICT_COLUMNS)
     # what-ifs: step time gained against the plain prediction at the same N
     base = out[out["kind"] == "predicted"].set_index(["config", "gpus"])["step_ms"]
@@ -452,6 +455,23 @@ def predict_table(runs: Sequence[Tuple[str, Structure]], targets: Sequence[int],
     if wi.any():
         ref = [base.get((c, g), np.nan) for c, g in zip(out.loc[wi, "config"], out.loc[wi, "gpus"])]
         out.loc[wi, "gain_pct"] = 100 * (np.array(ref) - out.loc[wi, "step_ms"].to_numpy()) / np.array(ref)
+    return out
+
+
+def _naive_shares(st: Structure, n: int, comm, steps: int, reps: int, seed: int, mode: str) -> Dict[str, float]:
+    """The exposed communication share at N with each naive answer
+    (:class:`collmodel.NaiveModel`) in the model's place: NaN where the
+    answer cannot be given (one measured count of the target's scope) or
+    the model has no measurements behind it."""
+    out = {}
+    for which in cost.BASELINES:
+        naive = cost.NaiveModel(comm, which) if getattr(comm, "baselines", None) is not None else None
+        ops = list(zip(st.ops, st.sizes)) + [(op, s) for op, s, _w in st.blocking]
+        if naive is None or n <= 1 or not ops or not any(naive.available(op, s, n) for op, s in ops):
+            out[f"comm_pct_{which}"] = float("nan")
+            continue
+        r = replay(st, n, naive, steps=steps, reps=reps, seed=seed, mode=mode)
+        out[f"comm_pct_{which}"] = r.shares["comm"]
     return out
 
 
@@ -466,7 +486,8 @@ def _row(config, n, kind, scenario, step, lo, hi, batch, shares, base_tput, sour
             "comm_pct": shares["comm"], "comm_pct_lo": comm_lo, "comm_pct_hi": comm_hi,
             "data_pct": shares["data"], "compute_pct": shares["compute"],
             "other_pct": shares["other"], "batch_per_rank": batch, "source_gpus": int(source_gpus),
-            "algorithm": algorithm, "comm_model": comm_desc}
+            "algorithm": algorithm, "comm_model": comm_desc, "comm_pct_constant_busbw": float("nan"),
+            "comm_pct_log2_nodes": float("nan")}
 
 
 def add_efficiency(table: pd.DataFrame, base: Dict[str, Tuple[int, float]]) -> pd.DataFrame:

@@ -629,6 +629,7 @@ PREDICT_TABLE_COLUMNS = [
     ("step_ms", "step ms", ".2f"), ("step_ms_lo", "step ms lo", ".2f"), ("step_ms_hi", "step ms hi", ".2f"),
     ("samples_per_s", "samples/s", ".1f"), ("efficiency_pct", "eff %", ".1f"), ("comm_pct", "comm %", ".1f"),
     ("comm_pct_lo", "comm % lo", ".1f"), ("comm_pct_hi", "comm % hi", ".1f"),
+    ("comm_pct_constant_busbw", "comm % constant busbw", ".1f"), ("comm_pct_log2_nodes", "comm % log2 nodes", ".1f"),
     ("data_pct", "data %", ".1f"), ("compute_pct", "compute %", ".1f"), ("other_pct", "other %", ".1f"),
     ("gain_pct", "gain %", "+.1f"), ("speedup", "speedup", ".2f"), ("batch_per_rank", "batch/rank", ".1f"),
     ("source_gpus", "from GPUs", "d"), ("algorithm", "algorithm", ""),

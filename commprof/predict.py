@@ -244,5 +244,9 @@ def _notes(runs, comm_for, mode, targets) -> List[str]:
                  "collective starts when the last rank has it ready and the previous bucket is done, and "
                  "lasts the cost model's time at N; exposed communication is what the backward did not hide. "
                  "Interval: 5-95 % over replays with the cost model's interval ends (its plausible forms, "
-                 "the terms' standard errors and the fit's scatter).")
+                 "the terms' standard errors and the fit's scatter, and a naive answer that beat the model "
+                 "held out). Beside it, the share replayed with each naive answer in the model's place: "
+                 "'comm % constant busbw' (the bus bandwidth at the largest measured count, carried to N) and "
+                 "'comm % log2 nodes' (each size's time linear in log2(nodes) through the measured counts; "
+                 "empty with one count of that scope).")
     return notes

@@ -254,6 +254,10 @@ def test_a_study_fitted_at_4_to_32_ranks_does_not_grow_like_a_flat_ring_at_1024(
     assert "nccl nccl form" in pred.loc[1024, "comm_model"]
     share, lo, hi = pred.loc[1024, ["comm_pct", "comm_pct_lo", "comm_pct_hi"]]
     assert lo <= share <= hi
+    # beside it the share with each naive answer in the model's place (2, 4 and 8 nodes measured: both exist)
+    naive = pred.loc[1024, ["comm_pct_constant_busbw", "comm_pct_log2_nodes"]].to_numpy(float)
+    assert np.isfinite(naive).all() and (naive > 0).all() and (naive < 100).all(), naive
+    assert any("comm % log2 nodes" in n for n in rep.notes)
     # every form of the same fit, replayed alone: the plausible ones lie inside the interval,
     # the flat ring's share is far above the prediction and grows with N
     from dataclasses import replace
