@@ -294,8 +294,7 @@ _COLS = ("pre", "bwd", "post", "data", "forward", "optimizer")
 
 
 def replay(st: Structure, n: int, comm: "cost.CostModel | cost.NaiveModel", steps: int = 60, reps: int = 24,
-           seed: int = 0,
-           mode: str = "weak", what_if: Optional[WhatIf] = None, jitter: bool = True) -> Replayed:
+           seed: int = 0, mode: str = "weak", what_if: Optional[WhatIf] = None, jitter: bool = True) -> Replayed:
     """Mean step time (and a 5-95 % interval) of ``st`` replayed on ``n``
     ranks. ``jitter=False`` replays every rank with the sample mean (no
     straggler effect)."""
