@@ -148,6 +148,10 @@ PRIORS = {"nccl": _prior_lat("nccl"), "gloo": _prior_lat("gloo")}
 #: relative standard deviation of a latency prior: NCCL's constants are known to a factor of ~2; gloo's
 #: latency over TCP depends on the host (tens of microseconds to milliseconds on an oversubscribed one)
 PRIOR_WIDTH = {"nccl": 1.0, "gloo": 10.0}
+#: LL's and LL128's latency priors, this many times wider than Simple's (their means follow Simple's fitted
+#: latencies half way, :func:`_lat_prior`): chosen, with BW_PRIOR_WIDTH, from a handful of settings by the three
+#: real sets' in-sample and held-out errors together (benchmarks/collmodel_logs.py), not on one set alone
+OTHER_LAT_WIDTH = 3.0
 #: relative standard deviation of the LL / LL128 bandwidth priors (NCCL's ratios to Simple): wide, the channel
 #: count NCCL runs for a mid-size call (enqueue.cc) makes the bandwidth a call sees a fraction of the link's
 BW_PRIOR_WIDTH = 3.0
@@ -619,6 +623,29 @@ def _bw_prior_rows(theta, free, idx):
     return out
 
 
+def _lat_prior(theta, prior: Dict[str, float], j: int) -> float:
+    """The prior mean of latency term j: NCCL's constant for Simple's; for
+    LL's and LL128's, the geometric mean of NCCL's constant and NCCL's
+    ratio to Simple's times Simple's current value (a network slower than
+    NCCL's constants is slower for every protocol, unless the data say
+    otherwise)."""
+    name = TERMS[j]
+    proto = TERM_PROTOCOL[j]
+    if proto == "Simple":
+        return prior[name]
+    js = OFFSET["Simple"] + (j - OFFSET[proto])
+    ref = prior.get(TERMS[js])
+    if not ref or theta[js] <= 0:
+        return prior[name]
+    rel = max(prior[name] / ref * float(theta[js]), 1e-9)
+    return math.sqrt(rel * prior[name])
+
+
+def _lat_width(j: int, width: float) -> float:
+    """Relative width of latency term j's prior: LL's and LL128's are OTHER_LAT_WIDTH times wider."""
+    return width if TERM_PROTOCOL[j] == "Simple" else width * OTHER_LAT_WIDTH
+
+
 def _solve(a, t, theta, free, scale, prior, s, width, wt=None):
     """Weighted least squares for the free terms on relative residuals
     (times the robust weights ``wt``), with the priors, kept >= 0 by fixing
@@ -639,8 +666,8 @@ def _solve(a, t, theta, free, scale, prior, s, width, wt=None):
         rows, rhs = [x], [y]
         for q, j in enumerate(idx):
             if IS_LAT[j]:                               # prior: theta_j ~ N(mu, (mu * width)^2)
-                mu = prior[TERMS[j]]
-                wq = s / (mu * width)
+                mu = _lat_prior(theta, prior, j)
+                wq = s / (mu * _lat_width(j, width))
                 r = np.zeros(len(idx))
                 r[q] = wq * scale[j]
                 rows.append(r[None, :])
@@ -687,8 +714,8 @@ def _objective(d, obs, t, theta, free, scale, prior, s, width, huber: float = np
     obj = float(np.where(r <= huber, r ** 2, 2 * huber * r - huber ** 2).sum())    # Huber's loss
     for j in np.flatnonzero(free):
         if IS_LAT[j]:
-            mu = prior[TERMS[j]]
-            obj += float(((theta[j] - mu) / (mu * width)) ** 2) * s ** 2
+            mu = _lat_prior(theta, prior, j)
+            obj += float(((theta[j] - mu) / (mu * _lat_width(j, width))) ** 2) * s ** 2
     for _q, j, mu in _bw_prior_rows(theta, free, np.flatnonzero(free)):
         obj += float(((theta[j] - mu) / (mu * BW_PRIOR_WIDTH)) ** 2) * s ** 2
     return obj
