@@ -712,7 +712,7 @@ def _objective(d, obs, t, theta, free, scale, prior, s, width, huber: float = np
     np.add.at(pred, obs, row_t)
     r = np.abs(np.log(np.maximum(pred, 1e-15) / t))      # symmetric: 2x over and 2x under weigh alike
     obj = float(np.where(r <= huber, r ** 2, 2 * huber * r - huber ** 2).sum())    # Huber's loss
-    for j in np.flatnonzero(free):
+    for j in (int(x) for x in np.flatnonzero(free)):
         if IS_LAT[j]:
             mu = _lat_prior(theta, prior, j)
             obj += float(((theta[j] - mu) / (mu * _lat_width(j, width))) ** 2) * s ** 2
