@@ -30,13 +30,13 @@ def _failure(out):
     return rep, finds[finds["bound"] == "failure"]
 
 
-@pytest.mark.parametrize("attempt", range(3))
-def test_a_size_mismatch_that_aborts_a_rank_is_named_with_both_sides(tmp_path, attempt):
+def test_a_size_mismatch_that_aborts_a_rank_is_named_with_both_sides(tmp_path):
     """Rank 1 skips the 4 KiB all_reduce of step 30 and goes on to its next
     DDP bucket: rank 0's 4 KiB call meets it, gloo aborts rank 0 (SIGABRT)
     and rank 1 fails with a connection reset. The mismatched calls were in
     flight well after the last flush; the rings keep them (every attempt,
-    no race: benchmarks/failure_repeat.py runs 10)."""
+    no race: benchmarks/failure_repeat.py runs it 10 times, with its result
+    file; the suite runs it once)."""
     out = str(tmp_path / "rec")
     options, cmd = documented_record("docs/failures.md", "--skip-rank 1")     # the guide's command, as written
     proc = run(commprof_cmd("record", "-o", out, *options, "--", *cmd), timeout=200)
