@@ -356,6 +356,8 @@ class Fit:
     points: int = 0
     ranks: Tuple[int, ...] = ()
     nodes: Tuple[int, ...] = ()
+    #: the starting point (LL's and LL128's bandwidth fractions of Simple's) the fit kept
+    start: Tuple[float, float] = STARTS[0]
 
     def coef(self, op, nbytes, ranks, ppn) -> Tuple[np.ndarray, List[int], List[Choice]]:
         d, cs = design(op, nbytes, ranks, ppn, self.form, self.backend)
@@ -451,7 +453,8 @@ def _to_param(d: np.ndarray, tr: np.ndarray) -> np.ndarray:
     return out
 
 
-def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None, iterations: int = 40) -> Fit:
+def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None, iterations: int = 40,
+        starts: Optional[Sequence[Tuple[float, float]]] = None) -> Fit:
     """Least squares on relative residuals (8 B and 1 GiB weigh alike)
     with the priors, the choice of (algorithm, protocol) per call
     re-made until it is stable, from several starting points."""
@@ -466,13 +469,13 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
     tr = _reparam(backend)
     dp = _to_param(d, tr)
     best = None
-    for start in (STARTS if backend == "nccl" else STARTS[:1]):
+    for start in (starts or (STARTS if backend == "nccl" else STARTS[:1])):
         values, free, status = _start(ms, d, obs, t, form, fixed, prior, active, start)
         res = _iterate(dp, obs, t, np.linalg.solve(tr, values), free, prior, backend, iterations)
         if best is None or res[3] < best[3][3] - 1e-12:
-            best = (values, free, status, res)
+            best = (values, free, status, res, start)
     assert best is not None
-    _values, free, status, (theta, cov, s, _obj) = best
+    _values, free, status, (theta, cov, s, _obj), won = best
     theta, cov = theta.copy(), cov.copy()
     for proto in BLOCK_ORDER:                  # an assumed scope follows the fitted one (in the parameters)
         o = OFFSET[proto]
@@ -507,7 +510,7 @@ def fit(ms: Measurements, form: str, backend: str, fixed: Optional[Fixed] = None
         else:
             status[name] = "fitted"
     return Fit(form=form, backend=backend, theta=theta, cov=cov, scatter=s, status=status, points=len(t),
-               ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})))
+               ranks=tuple(sorted(set(ms.obs_ranks))), nodes=tuple(sorted({int(x) for x in ms.nodes})), start=won)
 
 
 def _start(ms: Measurements, d, obs, t, form: str, fixed: Fixed, prior: Dict[str, float], active, start):
@@ -910,7 +913,8 @@ def build(ms: Measurements, backend: str = "nccl", fixed: Optional[Fixed] = None
                 train = ms.subset(ranks != held)
                 test = ms.subset(ranks == held)
                 try:
-                    f = fit(train, form, backend, fixed)
+                    # a fold starts where the form's fit on every count ended up (its kept start), not from all
+                    f = fit(train, form, backend, fixed, starts=[fits[form].start])
                 except ValueError:
                     continue
                 err = (predict_obs(f, test) - np.asarray(test.time_s)) / np.asarray(test.time_s)
@@ -1127,6 +1131,28 @@ def from_rows(rows: Iterable[dict], ranks: Optional[int] = None, ppn: Optional[i
         told = ",".join(x for x in (r.get("algorithm") or forced, r.get("protocol") or "") if x)
         ms.add([(r["op"], r["bytes"])], n, int(r.get("ranks_per_node") or ppn or n), t_us * 1e-6, source, told)
     return ms
+
+
+def from_logs(docs: Iterable[dict]) -> Measurements:
+    """The measurements of imported nccl-tests logs (``commprof.convert.nccltests``), each row's forced
+    algorithm / protocol kept."""
+    ms = Measurements()
+    for d in docs:
+        ms.extend(from_rows(d["rows"], forced=d.get("algorithm") or ""))
+    return ms
+
+
+def row_errors(model: "CostModel", doc: dict, lo: float = 1) -> np.ndarray:
+    """|error| % of the model's point estimate per row of one imported log (rows of at least ``lo`` bytes,
+    each timed by :func:`row_time_us`)."""
+    n, ppn = doc["world_size"], doc["ranks_per_node"]
+    out = []
+    for r in doc["rows"]:
+        t = row_time_us(r)
+        if r["bytes"] >= lo and t:
+            est = model.estimate(doc["op"], r["bytes"], n, ppn, with_baselines=False)["time_s"]
+            out.append(abs(est - t * 1e-6) / (t * 1e-6) * 100)
+    return np.array(out)
 
 
 def row_time_us(row: dict) -> Optional[float]:

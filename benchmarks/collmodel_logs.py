@@ -81,24 +81,6 @@ def _docs(names):
     return [d for n in names for d in nt.import_logs([os.path.join(LOGS, n)])]
 
 
-def _ms(docs):
-    ms = cm.Measurements()
-    for d in docs:
-        ms.extend(cm.from_rows(d["rows"], forced=d.get("algorithm") or ""))
-    return ms
-
-
-def _err(model, d, lo=1):
-    n, ppn = d["world_size"], d["ranks_per_node"]
-    out = []
-    for r in d["rows"]:
-        t = cm.row_time_us(r)
-        if r["bytes"] >= lo and t:
-            e = model.estimate(d["op"], r["bytes"], n, ppn, with_baselines=False)["time_s"]
-            out.append(abs(e - t * 1e-6) / (t * 1e-6) * 100)
-    return np.array(out)
-
-
 def more_sets():
     files = sorted(os.listdir(LOGS))
     sets = {"ABCI 2.0 A100 (8 a node)": [f for f in files if f.startswith("abci2-a100_") and "early" not in f],
@@ -112,8 +94,8 @@ def more_sets():
     print(f"{'set':<38} {'rows':>5} {'median %':>9} {'p90 %':>7} {'worst %':>8}  protocols at the largest count")
     for name, fs in sets.items():
         docs = _docs(fs)
-        model = cm.build(_ms(docs), "nccl", compare_baselines=False)
-        e = np.concatenate([_err(model, d) for d in docs])
+        model = cm.build(cm.from_logs(docs), "nccl", compare_baselines=False)
+        e = np.concatenate([cm.row_errors(model, d) for d in docs])
         big = max(docs, key=lambda d: d["world_size"])
         sw = model.fits[model.best].switch_points(big["op"], big["world_size"], big["ranks_per_node"])
         print(f"{name:<38} {len(e):>5} {np.median(e):>9.1f} {np.percentile(e, 90):>7.1f} {e.max():>8.1f}  "
@@ -122,12 +104,12 @@ def more_sets():
     print(f"{'set':<26} {'N':>4} {'model median/worst %':>21} {'constant busbw %':>17} {'log2 nodes %':>13}")
     for name in list(sets)[:2]:
         docs = {d["world_size"]: d for d in _docs(sets[name])}
-        train = _ms([docs[n] for n in docs if n <= 16])
+        train = cm.from_logs([docs[n] for n in docs if n <= 16])
         model = cm.build(train, "nccl", compare_baselines=False)
         base = cm.Baselines(train)
         for n in (64, 128):
             d = docs[n]
-            e = _err(model, d, 64 << 10)
+            e = cm.row_errors(model, d, 64 << 10)
             rows = [r for r in d["rows"] if r["bytes"] >= 64 << 10]
             t = np.array([cm.row_time_us(r) * 1e-6 for r in rows])
             fl = np.array([base.constant_busbw("all_reduce", r["bytes"], n, d["ranks_per_node"]) for r in rows])

@@ -91,24 +91,6 @@ def _series(tag):
     return {d["world_size"]: d for d in (_log(n) for n in names)}
 
 
-def _ms(docs):
-    ms = cm.Measurements()
-    for d in docs:
-        ms.extend(cm.from_rows(d["rows"], forced=d.get("algorithm") or ""))
-    return ms
-
-
-def _rel_errors(model, d, lo=1):
-    n, ppn = d["world_size"], d["ranks_per_node"]
-    out = []
-    for r in d["rows"]:
-        t = cm.row_time_us(r)
-        if r["bytes"] >= lo and t:
-            est = model.estimate(d["op"], r["bytes"], n, ppn, with_baselines=False)["time_s"]
-            out.append(abs(est - t * 1e-6) / (t * 1e-6) * 100)
-    return np.array(out)
-
-
 @pytest.mark.parametrize("tag", ["a100", "v100"])
 def test_each_protocol_has_its_own_terms_in_sample_on_a_cluster_it_was_not_tuned_on(tag):
     """Fitted on all six counts (4 B - 32 MiB): the protocols switch as
@@ -119,9 +101,9 @@ def test_each_protocol_has_its_own_terms_in_sample_on_a_cluster_it_was_not_tuned
     47 % and 46 % (mid sizes whose times are not monotone in size)."""
     s = _series(tag)
     assert sorted(s) == [4, 8, 16, 32, 64, 128]
-    model = cm.build(_ms(s.values()), "nccl", compare_baselines=False)
+    model = cm.build(cm.from_logs(s.values()), "nccl", compare_baselines=False)
     f = model.fits[model.best]
-    err = np.concatenate([_rel_errors(model, d) for d in s.values()])
+    err = np.concatenate([cm.row_errors(model, d) for d in s.values()])
     assert len(err) == 144
     assert np.median(err) <= 10.0 and err.max() <= 60.0, np.sort(err)[-10:]
     sw = f.switch_points("all_reduce", 128, s[128]["ranks_per_node"])
@@ -138,12 +120,12 @@ def test_held_out_at_4x_and_8x_the_ranks_the_model_beats_both_naive_answers(tag,
     (A100) and 39 % / 50 % (V100), interpolating in log2(nodes) (V100: two
     multi-node counts) by 21 % / 22 %."""
     s = _series(tag)
-    train = _ms([s[n] for n in s if n <= 16])
+    train = cm.from_logs([s[n] for n in s if n <= 16])
     model = cm.build(train, "nccl", compare_baselines=False)
     base = cm.Baselines(train)
     for n in (64, 128):
         d = s[n]
-        err = _rel_errors(model, d, lo=64 << 10)
+        err = cm.row_errors(model, d, lo=64 << 10)
         flat = [abs(base.constant_busbw("all_reduce", r["bytes"], n, d["ranks_per_node"]) - cm.row_time_us(r) * 1e-6)
                 / (cm.row_time_us(r) * 1e-6) * 100 for r in d["rows"] if r["bytes"] >= 64 << 10]
         assert len(err) == 10
@@ -158,7 +140,7 @@ def test_where_a_naive_answer_did_better_held_out_the_output_says_so_and_its_int
     there names them and its interval reaches both; for >= 16 MiB the model
     was best and the interval is the model's own."""
     s = _series("v100")
-    model = cm.build(_ms(s.values()), "nccl")
+    model = cm.build(cm.from_logs(s.values()), "nccl")
     c = model.comparison
     mid = c[(c["scope"] == "across nodes") & (c["band"] == "64 KiB - 16 MiB")].iloc[0]
     assert mid["held_out_ranks"] == 128 and mid["better"] == "log2_nodes", c
@@ -179,8 +161,8 @@ def test_one_nodes_three_collectives_in_sample():
     for name in ("allreduce", "allgather", "reducescatter"):
         d = _log(f"superbench-a100_1n_8g_{name}.log")
         assert d["world_size"] == 8 and d["ranks_per_node"] == 8
-        model = cm.build(_ms([d]), "nccl", compare_baselines=False)
-        err = _rel_errors(model, d)
+        model = cm.build(cm.from_logs([d]), "nccl", compare_baselines=False)
+        err = cm.row_errors(model, d)
         assert len(err) >= 26 and np.median(err) <= 2.5, (name, err)
 
 
